@@ -1,0 +1,228 @@
+"""The NATS bus: typed publish/subscribe and request/reply with trace context in headers.
+
+Subscribers never crash on bad input: a message that does not decode is counted in
+``vgpu_bus_undecodable_messages_total`` and logged, and the subscription carries on.
+Request handlers answer every request: a domain error (``ReplyError``) or undecodable
+request becomes ``{"error": "..."}``; an unexpected exception is logged and answered with a
+generic message that leaks no internals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import msgspec
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from opentelemetry import context as otel_context
+from opentelemetry.trace import SpanKind
+from prometheus_client import Counter
+
+from services.common.schemas import ErrorReply
+from services.common.tracing import context_from_headers, inject_headers, tracer
+
+log = logging.getLogger("vgpu.bus")
+_tracer = tracer("vgpu.bus")
+
+UNDECODABLE = Counter(
+    "vgpu_bus_undecodable_messages_total",
+    "NATS messages that could not be decoded and were dropped",
+    ["subject"],
+)
+HANDLER_ERRORS = Counter(
+    "vgpu_bus_handler_errors_total",
+    "NATS message handlers that raised an unexpected exception",
+    ["subject"],
+)
+
+T = TypeVar("T", bound=msgspec.Struct)
+R = TypeVar("R", bound=msgspec.Struct)
+
+_encoder = msgspec.json.Encoder()
+
+
+class BusError(RuntimeError):
+    """A request could not be completed: no responder, timeout, or an error reply."""
+
+
+class ReplyError(Exception):
+    """Raised by a request handler to answer with a described error."""
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    return _encoder.encode(message)
+
+
+class Bus:
+    def __init__(self, client: NatsClient) -> None:
+        self._nc = client
+        self._subscriptions: list[Subscription] = []
+        self._handler_slots = asyncio.Semaphore(64)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    async def connect(cls, url: str, name: str, connect_timeout_s: float = 10.0) -> Bus:
+        """Connect, retrying until `connect_timeout_s`; afterwards reconnect forever."""
+
+        async def on_error(exc: Exception) -> None:
+            log.warning("nats error", extra={"client": name, "error": str(exc)})
+
+        async def on_disconnect() -> None:
+            log.warning("nats disconnected", extra={"client": name})
+
+        async def on_reconnect() -> None:
+            log.info("nats reconnected", extra={"client": name})
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + connect_timeout_s
+        while True:
+            try:
+                client = await nats.connect(
+                    servers=[url],
+                    name=name,
+                    connect_timeout=2,
+                    reconnect_time_wait=0.5,
+                    max_reconnect_attempts=-1,
+                    error_cb=on_error,
+                    disconnected_cb=on_disconnect,
+                    reconnected_cb=on_reconnect,
+                    allow_reconnect=True,
+                )
+                return cls(client)
+            except Exception as exc:  # nats-py raises several unrelated types here
+                if loop.time() >= deadline:
+                    raise BusError(f"cannot reach NATS at {url}: {exc}") from exc
+                await asyncio.sleep(0.2)
+
+    @property
+    def client(self) -> NatsClient:
+        return self._nc
+
+    async def publish(self, subject: str, message: msgspec.Struct) -> None:
+        await self._nc.publish(subject, encode(message), headers=inject_headers())
+
+    async def request(
+        self, subject: str, message: msgspec.Struct, reply_type: type[R], timeout: float = 2.0
+    ) -> R:
+        try:
+            reply = await self._nc.request(
+                subject, encode(message), timeout=timeout, headers=inject_headers()
+            )
+        except NoRespondersError as exc:
+            raise BusError(f"nobody serves {subject}") from exc
+        except (NatsTimeoutError, TimeoutError) as exc:
+            raise BusError(f"no reply on {subject} within {timeout}s") from exc
+        try:
+            decoded = msgspec.json.decode(reply.data, type=reply_type)
+        except msgspec.DecodeError as exc:
+            raise BusError(f"undecodable reply on {subject}: {exc}") from exc
+        error = getattr(decoded, "error", "")
+        if error:
+            raise BusError(error)
+        return decoded
+
+    async def subscribe(
+        self,
+        subject: str,
+        message_type: type[T],
+        handler: Callable[[T], Awaitable[None]],
+        queue: str = "",
+    ) -> Subscription:
+        """Deliver decoded messages to `handler`, in order, inside the sender's trace."""
+
+        async def on_message(msg: Msg) -> None:
+            decoded = self._decode(msg, message_type)
+            if decoded is None:
+                return
+            token = otel_context.attach(context_from_headers(msg.headers))
+            try:
+                await handler(decoded)
+            except Exception:
+                HANDLER_ERRORS.labels(subject=subject).inc()
+                log.exception("handler failed", extra={"subject": msg.subject})
+            finally:
+                otel_context.detach(token)
+
+        sub = await self._nc.subscribe(subject, queue=queue, cb=on_message)
+        self._subscriptions.append(sub)
+        return sub
+
+    async def serve(
+        self,
+        subject: str,
+        request_type: type[T],
+        handler: Callable[[T], Awaitable[msgspec.Struct]],
+        queue: str = "",
+    ) -> Subscription:
+        """Answer requests on `subject`, several at once (bounded), each in its own span."""
+
+        async def answer(msg: Msg) -> None:
+            async with self._handler_slots:
+                reply: msgspec.Struct
+                decoded = self._decode(msg, request_type)
+                if decoded is None:
+                    reply = ErrorReply(error=f"undecodable {request_type.__name__} on {subject}")
+                else:
+                    parent = context_from_headers(msg.headers)
+                    with _tracer.start_as_current_span(
+                        f"serve {subject}", context=parent, kind=SpanKind.SERVER
+                    ):
+                        reply = await self._run_handler(subject, handler, decoded)
+                if msg.reply:
+                    await self._nc.publish(msg.reply, encode(reply), headers=inject_headers())
+
+        async def on_message(msg: Msg) -> None:
+            task = asyncio.create_task(answer(msg))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        sub = await self._nc.subscribe(subject, queue=queue, cb=on_message)
+        self._subscriptions.append(sub)
+        return sub
+
+    @staticmethod
+    async def _run_handler(
+        subject: str, handler: Callable[[Any], Awaitable[msgspec.Struct]], request: Any
+    ) -> msgspec.Struct:
+        try:
+            return await handler(request)
+        except ReplyError as exc:
+            return ErrorReply(error=str(exc))
+        except Exception:
+            HANDLER_ERRORS.labels(subject=subject).inc()
+            log.exception("request handler failed", extra={"subject": subject})
+            return ErrorReply(error=f"internal error while handling {subject}")
+
+    @staticmethod
+    def _decode(msg: Msg, message_type: type[T]) -> T | None:
+        try:
+            return msgspec.json.decode(msg.data, type=message_type)
+        except msgspec.DecodeError as exc:
+            UNDECODABLE.labels(subject=msg.subject).inc()
+            log.warning(
+                "dropped undecodable message",
+                extra={"subject": msg.subject, "type": message_type.__name__, "error": str(exc)},
+            )
+            return None
+
+    async def close(self) -> None:
+        """Stop taking messages, let in-flight handlers finish, then disconnect."""
+        for sub in self._subscriptions:
+            try:
+                await sub.unsubscribe()
+            except Exception:  # already gone with the connection
+                pass
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=2)
+        if not self._nc.is_closed:
+            try:
+                await self._nc.drain()
+            except Exception:
+                await self._nc.close()

@@ -1,0 +1,121 @@
+"""Messages on the wire: msgspec Structs encoded as JSON.
+
+Every field of a reply has a default so that an error reply (``{"error": "..."}``) decodes
+into any reply type. Sizes are MiB, compute shares are percent of a GPU's SMs (100 = all).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+import msgspec
+
+
+class GpuDevice(msgspec.Struct, frozen=True, kw_only=True):
+    uuid: str
+    index: int
+    model: str
+    memory_mib: int
+    sm_count: int = 0
+    numa_node: int = -1  # -1: the platform does not say
+    healthy: bool = True
+
+
+class NodeInventory(msgspec.Struct, kw_only=True):
+    node: str
+    gpus: list[GpuDevice]
+    agent_version: str = ""
+    heartbeat_s: float = 5.0  # how often the agent promises to re-send this
+    seq: int = 0  # increases with every publication from one agent process
+    sent_at: float = msgspec.field(default_factory=time.time)
+
+
+class GpuUsage(msgspec.Struct, frozen=True, kw_only=True):
+    uuid: str
+    memory_used_mib: int
+    sm_util_percent: float
+    memory_util_percent: float = 0.0
+
+
+class NodeUsage(msgspec.Struct, kw_only=True):
+    node: str
+    gpus: list[GpuUsage]
+    sent_at: float = msgspec.field(default_factory=time.time)
+
+
+class ContainerRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """What one container asks for, already normalised from the pod's resources."""
+
+    container: str
+    gpus: int  # number of physical GPUs, each receiving one slice
+    memory_mib: int = 0  # per GPU; 0 with memory_percent 0 means the whole GPU
+    memory_percent: int = 0  # per GPU, used when memory_mib is 0
+    cores: int = 0  # percent of each GPU's SMs; 0 = no compute limit
+    init: bool = False
+
+
+class GpuSlice(msgspec.Struct, frozen=True, kw_only=True):
+    uuid: str
+    index: int
+    memory_mib: int
+    cores: int
+
+
+class ContainerAllocation(msgspec.Struct, kw_only=True):
+    container: str
+    slices: list[GpuSlice]
+    init: bool = False
+    device_ids: list[str] = []  # the kubelet's device IDs, known once the agent claims
+    claimed: bool = False
+
+
+class PodAllocation(msgspec.Struct, kw_only=True):
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    containers: dict[str, ContainerAllocation]  # keyed by container name, never by position
+    bound_at: float = msgspec.field(default_factory=time.time)
+    traceparent: str = ""  # W3C trace context of the pod's scheduling trace
+
+
+class AllocationEvent(msgspec.Struct, kw_only=True):
+    kind: Literal["bound", "claimed", "released"]
+    allocation: PodAllocation
+    at: float = msgspec.field(default_factory=time.time)
+
+
+class ClaimRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """Node agent -> allocator: this container now holds these device IDs."""
+
+    node: str
+    namespace: str
+    pod: str
+    container: str
+    device_ids: list[str]
+    gpu_uuids: list[str]  # the physical GPUs behind device_ids, in the order exposed
+
+
+class ClaimReply(msgspec.Struct, kw_only=True):
+    error: str = ""
+    pod_uid: str = ""
+    allocation: ContainerAllocation | None = None
+    traceparent: str = ""
+
+
+class PreferredRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """Node agent -> allocator: which GPUs should the kubelet pick for `size` devices?"""
+
+    node: str
+    available_gpus: list[str]  # uuids of GPUs that still have a free device ID
+    size: int
+
+
+class PreferredReply(msgspec.Struct, kw_only=True):
+    error: str = ""
+    gpu_uuids: list[str] = []
+
+
+class ErrorReply(msgspec.Struct, kw_only=True):
+    error: str

@@ -1,0 +1,46 @@
+"""Every NATS subject vgpu uses, in one place, under one version prefix.
+
+Events and state flow on plain subjects (publish/subscribe); decisions flow back by
+request/reply on the ``alloc`` subjects, which the allocator serves in a queue group.
+"""
+
+from __future__ import annotations
+
+import re
+
+PREFIX = "vgpu.v1"
+
+# Node agent -> everyone: a node's GPUs (on start, on change, and as a heartbeat).
+INVENTORY_ALL = f"{PREFIX}.inventory.*"
+# Node agent -> everyone: utilisation of a node's GPUs.
+USAGE_ALL = f"{PREFIX}.usage.*"
+# Allocator -> everyone: a pod's slices were bound, claimed or released.
+ALLOC_EVENTS_ALL = f"{PREFIX}.alloc.events.*"
+
+# Request/reply served by the allocator.
+ALLOC_CLAIM = f"{PREFIX}.alloc.claim"
+ALLOC_PREFERRED = f"{PREFIX}.alloc.preferred"
+
+# Queue group that the allocator's replicas share for request/reply subjects.
+ALLOCATOR_QUEUE = "vgpu-allocator"
+
+_TOKEN = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.:-]*$")
+
+
+def node_token(node: str) -> str:
+    """A node name as a single subject token (Kubernetes names may contain dots)."""
+    if not node or not _TOKEN.match(node):
+        raise ValueError(f"node name {node!r} cannot be used in a NATS subject")
+    return node.replace(".", "_")
+
+
+def inventory(node: str) -> str:
+    return f"{PREFIX}.inventory.{node_token(node)}"
+
+
+def usage(node: str) -> str:
+    return f"{PREFIX}.usage.{node_token(node)}"
+
+
+def alloc_events(node: str) -> str:
+    return f"{PREFIX}.alloc.events.{node_token(node)}"
