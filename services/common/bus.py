@@ -10,12 +10,12 @@ generic message that leaks no internals.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import msgspec
-import nats
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -72,7 +72,7 @@ class Bus:
         """Connect, retrying until `connect_timeout_s`; afterwards reconnect forever."""
 
         async def on_error(exc: Exception) -> None:
-            log.warning("nats error", extra={"client": name, "error": str(exc)})
+            log.debug("nats error", extra={"client": name, "error": str(exc)})
 
         async def on_disconnect() -> None:
             log.warning("nats disconnected", extra={"client": name})
@@ -80,26 +80,24 @@ class Bus:
         async def on_reconnect() -> None:
             log.info("nats reconnected", extra={"client": name})
 
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + connect_timeout_s
-        while True:
-            try:
-                client = await nats.connect(
-                    servers=[url],
-                    name=name,
-                    connect_timeout=2,
-                    reconnect_time_wait=0.5,
-                    max_reconnect_attempts=-1,
-                    error_cb=on_error,
-                    disconnected_cb=on_disconnect,
-                    reconnected_cb=on_reconnect,
-                    allow_reconnect=True,
-                )
-                return cls(client)
-            except Exception as exc:  # nats-py raises several unrelated types here
-                if loop.time() >= deadline:
-                    raise BusError(f"cannot reach NATS at {url}: {exc}") from exc
-                await asyncio.sleep(0.2)
+        client = NatsClient()
+        connecting = client.connect(
+            servers=[url],
+            name=name,
+            connect_timeout=2,
+            reconnect_time_wait=0.5,
+            max_reconnect_attempts=-1,  # also retries the first connection, until our deadline
+            error_cb=on_error,
+            disconnected_cb=on_disconnect,
+            reconnected_cb=on_reconnect,
+            allow_reconnect=True,
+        )
+        try:
+            await asyncio.wait_for(connecting, connect_timeout_s)
+        except (TimeoutError, OSError) as exc:
+            await client.close()
+            raise BusError(f"cannot reach NATS at {url} within {connect_timeout_s}s") from exc
+        return cls(client)
 
     @property
     def client(self) -> NatsClient:
@@ -215,10 +213,8 @@ class Bus:
     async def close(self) -> None:
         """Stop taking messages, let in-flight handlers finish, then disconnect."""
         for sub in self._subscriptions:
-            try:
+            with contextlib.suppress(Exception):  # already gone with the connection
                 await sub.unsubscribe()
-            except Exception:  # already gone with the connection
-                pass
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=2)
         if not self._nc.is_closed:

@@ -6,9 +6,9 @@ loopback port with a temporary store, stopped (and its store removed) on exit.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -37,15 +37,9 @@ def find_nats_server() -> str:
     )
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class EmbeddedNats:
     def __init__(self, port: int = 0, store_dir: str | None = None) -> None:
-        self.port = port or free_port()
+        self.port = port  # 0: the server picks a free port and reports it in its ports file
         self._own_store = store_dir is None
         self.store_dir = store_dir or tempfile.mkdtemp(prefix="vgpu-nats-")
         self._process: subprocess.Popen[bytes] | None = None
@@ -58,9 +52,10 @@ class EmbeddedNats:
         command = [
             find_nats_server(),
             "--addr", "127.0.0.1",
-            "--port", str(self.port),
+            "--port", str(self.port or -1),
             "--jetstream",
             "--store_dir", self.store_dir,
+            "--ports_file_dir", self.store_dir,
         ]  # fmt: skip
         # The server's log goes to a file: a pipe nobody reads would fill and stall it.
         self.log_path = Path(self.store_dir) / "nats-server.log"
@@ -73,18 +68,24 @@ class EmbeddedNats:
             if self._process.poll() is not None:
                 output = self.log_path.read_text(errors="replace").strip()[-500:]
                 raise EmbeddedNatsError(f"nats-server exited at start: {output}")
-            if self._accepts_clients():
-                return self
+            # The ports file is written by *our* process once it listens; probing the port
+            # instead could mistake another server for ours.
+            ports_file = Path(self.store_dir) / f"nats-server_{self._process.pid}.ports"
+            if ports_file.exists():
+                try:
+                    self.port = self._client_port(ports_file)
+                    return self
+                except (ValueError, KeyError, IndexError):
+                    pass  # caught mid-write; read it again
+
             time.sleep(0.05)
         self.stop()
         raise EmbeddedNatsError(f"nats-server did not accept clients on {self.url} in {timeout_s}s")
 
-    def _accepts_clients(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-                return sock.recv(4).startswith(b"INFO")
-        except OSError:
-            return False
+    @staticmethod
+    def _client_port(ports_file: Path) -> int:
+        url = json.loads(ports_file.read_text())["nats"][0]
+        return int(url.rsplit(":", 1)[1])
 
     def stop(self) -> None:
         process, self._process = self._process, None

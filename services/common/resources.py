@@ -51,11 +51,8 @@ def _gpu_resources(container: Mapping[str, Any], where: str) -> dict[str, int]:
         if limit is None and request is None:
             continue
         value = _quantity(limit if limit is not None else request, f"{where} {name}")
-        if limit is not None and request is not None:
-            if _quantity(request, f"{where} {name}") != value:
-                raise RequestError(
-                    f"{where} {name}: requests must equal limits for extended resources"
-                )
+        if limit is not None and request is not None and _quantity(request, where) != value:
+            raise RequestError(f"{where} {name}: requests must equal limits for extended resources")
         found[name] = value
     return found
 
