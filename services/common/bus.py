@@ -75,7 +75,8 @@ class Bus:
             log.debug("nats error", extra={"client": name, "error": str(exc)})
 
         async def on_disconnect() -> None:
-            log.warning("nats disconnected", extra={"client": name})
+            if not client.is_closed and not client.is_draining:
+                log.warning("nats disconnected", extra={"client": name})
 
         async def on_reconnect() -> None:
             log.info("nats reconnected", extra={"client": name})
