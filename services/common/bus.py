@@ -95,8 +95,9 @@ class Bus:
         )
         try:
             await asyncio.wait_for(connecting, connect_timeout_s)
-        except (TimeoutError, OSError) as exc:
-            await client.close()
+        except Exception as exc:  # timeout, or whatever nats-py raised on the last attempt
+            with contextlib.suppress(Exception):
+                await client.close()
             raise BusError(f"cannot reach NATS at {url} within {connect_timeout_s}s") from exc
         return cls(client)
 

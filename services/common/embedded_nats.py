@@ -6,9 +6,11 @@ loopback port with a temporary store, stopped (and its store removed) on exit.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -17,9 +19,18 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+PR_SET_PDEATHSIG = 1
+
 
 class EmbeddedNatsError(RuntimeError):
     pass
+
+
+def _die_with_parent() -> None:
+    """In the child: ask Linux to SIGTERM the server if its parent dies without stopping it."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def find_nats_server() -> str:
@@ -61,12 +72,17 @@ class EmbeddedNats:
         self.log_path = Path(self.store_dir) / "nats-server.log"
         with open(self.log_path, "ab") as log_file:
             self._process = subprocess.Popen(
-                command, stdout=log_file, stderr=log_file, start_new_session=True
+                command,
+                stdout=log_file,
+                stderr=log_file,
+                start_new_session=True,  # Ctrl-C goes to us; we stop the server in order
+                preexec_fn=_die_with_parent,
             )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 output = self.log_path.read_text(errors="replace").strip()[-500:]
+                self.stop()
                 raise EmbeddedNatsError(f"nats-server exited at start: {output}")
             # The ports file is written by *our* process once it listens; probing the port
             # instead could mistake another server for ours.

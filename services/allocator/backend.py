@@ -1,0 +1,86 @@
+"""The cluster seam: bind pods and annotate them. Kubernetes comes later behind the same seam.
+
+``LocalClusterBackend`` is a small in-memory API server for `vgpu up` and tests: it knows only
+pods it was given with ``add_pod`` and refuses to bind or annotate others, as the real one does.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Protocol
+
+
+class BackendError(RuntimeError):
+    """The cluster refused or failed an operation; the message says which and why."""
+
+
+class ClusterBackend(Protocol):
+    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+
+    async def annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None: ...
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+
+def pod_key(pod: dict[str, Any]) -> tuple[str, str]:
+    metadata = pod.get("metadata")
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("name"), str):
+        raise BackendError("pod has no metadata.name")
+    namespace = metadata.get("namespace") or "default"
+    if not isinstance(namespace, str):
+        raise BackendError("pod metadata.namespace must be a string")
+    return namespace, metadata["name"]
+
+
+class LocalClusterBackend:
+    def __init__(self) -> None:
+        self._pods: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def add_pod(self, pod: dict[str, Any]) -> None:
+        """Make a pod known (a copy is kept); replaces a pod of the same namespace/name."""
+        if not isinstance(pod, dict):
+            raise BackendError("a pod must be a JSON object")
+        key = pod_key(pod)
+        kept = copy.deepcopy(pod)
+        kept["spec"] = kept.get("spec") or {}
+        kept["metadata"]["annotations"] = kept["metadata"].get("annotations") or {}
+        if not isinstance(kept["spec"], dict):
+            raise BackendError(f"pod {key[0]}/{key[1]}: spec must be an object")
+        if not isinstance(kept["metadata"]["annotations"], dict):
+            raise BackendError(f"pod {key[0]}/{key[1]}: metadata.annotations must be an object")
+        self._pods[key] = kept
+
+    def remove_pod(self, namespace: str, name: str) -> None:
+        self._pods.pop((namespace, name), None)
+
+    def _pod(self, namespace: str, name: str) -> dict[str, Any]:
+        pod = self._pods.get((namespace, name))
+        if pod is None:
+            raise BackendError(f"pod {namespace}/{name} not found")
+        return pod
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        pod = self._pod(namespace, name)
+        known_uid = pod["metadata"].get("uid") or ""
+        if uid and known_uid and uid != known_uid:
+            raise BackendError(f"pod {namespace}/{name} has uid {known_uid}, not {uid}")
+        spec = pod["spec"]
+        bound = spec.get("nodeName")
+        if bound and bound != node:
+            raise BackendError(f"pod {namespace}/{name} is already assigned to node {bound}")
+        spec["nodeName"] = node
+
+    async def annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        self._pod(namespace, name)["metadata"]["annotations"].update(annotations)
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        pod = self._pods.get((namespace, name))
+        return None if pod is None else copy.deepcopy(pod)
+
+    def node_of(self, namespace: str, name: str) -> str | None:
+        pod = self._pods.get((namespace, name))
+        return None if pod is None else pod["spec"].get("nodeName")
+
+    def annotations_of(self, namespace: str, name: str) -> dict[str, str]:
+        pod = self._pods.get((namespace, name))
+        return {} if pod is None else dict(pod["metadata"]["annotations"])

@@ -1,0 +1,146 @@
+"""HTTP edge: the scheduler extender verbs plus health, metrics and allocations. Thin.
+
+Each verb runs in a SERVER span ``extender <verb>`` parented on the caller's ``traceparent``
+header. A malformed body is answered 400 with the field at fault; a well-formed call that
+cannot be satisfied is answered 200 with ``Error`` set, as kube-scheduler expects.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from aiohttp import web
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
+
+from services.common.tracing import context_from_headers, current_traceparent, tracer
+
+from . import wire
+from .engine import BindError, PlacementEngine
+
+log = logging.getLogger("vgpu.allocator")
+_tracer = tracer("vgpu.allocator")
+
+EXTENDER_CALLS = Counter(
+    "vgpu_allocator_extender_requests_total",
+    "Scheduler extender calls by verb and outcome",
+    ["verb", "outcome"],
+)
+EXTENDER_LATENCY = Histogram(
+    "vgpu_allocator_extender_request_seconds",
+    "Time to answer a scheduler extender call",
+    ["verb"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+
+# kube-scheduler sends whole v1.Node objects when nodeCacheCapable is false: allow big bodies.
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+VerbResult = tuple[Any, str]  # (JSON-able answer, outcome label)
+Verb = Callable[[bytes], Awaitable[VerbResult]]
+HealthCheck = Callable[[], tuple[bool, dict[str, Any]]]
+
+
+def _json(payload: Any, status: int = 200) -> web.Response:
+    return web.Response(
+        body=msgspec.json.encode(payload), status=status, content_type="application/json"
+    )
+
+
+def _serve_verb(name: str, verb: Verb) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handle(request: web.Request) -> web.Response:
+        headers = {key.lower(): value for key, value in request.headers.items()}
+        with (
+            EXTENDER_LATENCY.labels(verb=name).time(),
+            _tracer.start_as_current_span(
+                f"extender {name}", context=context_from_headers(headers), kind=SpanKind.SERVER
+            ) as span,
+        ):
+            try:
+                answer, outcome = await verb(await request.read())
+            except wire.BadRequest as exc:
+                EXTENDER_CALLS.labels(verb=name, outcome="bad_request").inc()
+                span.set_status(Status(StatusCode.ERROR, str(exc)))
+                log.warning("bad extender request", extra={"verb": name, "error": str(exc)})
+                return _json({"Error": f"bad {name} request: {exc}"}, status=400)
+            except web.HTTPException as exc:  # e.g. 413 for a body over MAX_BODY_BYTES
+                EXTENDER_CALLS.labels(verb=name, outcome="bad_request").inc()
+                span.set_status(Status(StatusCode.ERROR, exc.reason))
+                raise
+            except Exception:
+                EXTENDER_CALLS.labels(verb=name, outcome="error").inc()
+                log.exception("extender verb failed", extra={"verb": name})
+                span.set_status(Status(StatusCode.ERROR, "internal error"))
+                return _json({"Error": f"internal error in {name}; see allocator logs"}, 500)
+            EXTENDER_CALLS.labels(verb=name, outcome=outcome).inc()
+            span.set_attribute("vgpu.outcome", outcome)
+            return _json(answer)
+
+    return handle
+
+
+def build_app(engine: PlacementEngine, health: HealthCheck) -> web.Application:
+    async def filter_verb(body: bytes) -> VerbResult:
+        args = wire.parse_extender_args(body)
+        outcome = engine.filter(args.pod, args.node_names)
+        log.debug(
+            "filter",
+            extra={
+                "pod": _pod_name(args.pod),
+                "passed": outcome.passed,
+                "failed": outcome.failed,
+                "unresolvable": outcome.unresolvable,
+            },
+        )
+        return wire.filter_result(args, outcome), "fit" if outcome.passed else "no_fit"
+
+    async def prioritize_verb(body: bytes) -> VerbResult:
+        args = wire.parse_extender_args(body)
+        return wire.host_priority_list(engine.prioritize(args.pod, args.node_names)), "ok"
+
+    async def bind_verb(body: bytes) -> VerbResult:
+        args = wire.parse_binding_args(body)
+        try:
+            await engine.bind(
+                args.pod_namespace,
+                args.pod_name,
+                args.pod_uid,
+                args.node,
+                traceparent=current_traceparent(),
+            )
+        except BindError as exc:
+            log.info(
+                "bind refused",
+                extra={"pod": f"{args.pod_namespace}/{args.pod_name}", "reason": str(exc)},
+            )
+            return wire.binding_result(str(exc)), "refused"
+        return wire.binding_result(), "bound"
+
+    async def healthz(_: web.Request) -> web.Response:
+        ok, details = health()
+        return _json({"status": "ok" if ok else "degraded", **details}, 200 if ok else 503)
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    async def allocations(_: web.Request) -> web.Response:
+        return _json(engine.allocations())
+
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app.router.add_post("/scheduler/filter", _serve_verb("filter", filter_verb))
+    app.router.add_post("/scheduler/prioritize", _serve_verb("prioritize", prioritize_verb))
+    app.router.add_post("/scheduler/bind", _serve_verb("bind", bind_verb))
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/allocations", allocations)
+    return app
+
+
+def _pod_name(pod: dict[str, Any]) -> str:
+    metadata = pod.get("metadata") or {}
+    return f"{metadata.get('namespace') or 'default'}/{metadata.get('name')}"

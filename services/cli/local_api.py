@@ -1,0 +1,71 @@
+"""A minimal stand-in for the API server's pod endpoints in local mode.
+
+In a cluster, a pod exists in the API server before kube-scheduler asks the extender about it;
+`vgpu submit` creates it here first, in the allocator's in-memory cluster backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from services.allocator.backend import BackendError, LocalClusterBackend
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"kind": "Status", "status": "Failure", "message": message},
+                             status=status)  # fmt: skip
+
+
+class LocalApiServer:
+    def __init__(self, backend: LocalClusterBackend, host: str = "127.0.0.1") -> None:
+        self._backend = backend
+        self._host = host
+        self._runner: web.AppRunner | None = None
+        self._port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.add_routes(
+            [
+                web.post("/api/v1/namespaces/{namespace}/pods", self._create),
+                web.get("/api/v1/namespaces/{namespace}/pods/{name}", self._get),
+            ]
+        )
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self._host, 0).start()
+        self._port = int(self._runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def _create(self, request: web.Request) -> web.Response:
+        namespace = request.match_info["namespace"]
+        try:
+            pod: Any = await request.json()
+        except ValueError as exc:
+            return _error(400, f"request body is not JSON: {exc}")
+        metadata = pod.get("metadata") if isinstance(pod, dict) else None
+        if not isinstance(metadata, dict) or metadata.get("namespace", namespace) != namespace:
+            return _error(400, f"the pod must be an object with metadata in namespace {namespace}")
+        metadata["namespace"] = namespace
+        try:
+            self._backend.add_pod(pod)
+        except BackendError as exc:
+            return _error(400, str(exc))
+        return web.json_response(pod, status=201)
+
+    async def _get(self, request: web.Request) -> web.Response:
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        pod = await self._backend.get_pod(namespace, name)
+        if pod is None:
+            return _error(404, f'pods "{name}" not found in namespace {namespace}')
+        return web.json_response(pod)

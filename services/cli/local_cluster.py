@@ -1,0 +1,197 @@
+"""The whole system in one process: what `vgpu up` runs and the end-to-end tests drive.
+
+Every part is the real service talking over a real NATS server, real HTTP and real gRPC on
+unix sockets; only the GPUs (simulated backend) and the kubelet/kube-scheduler (simulators)
+stand in for what a laptop does not have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from services.allocator.backend import LocalClusterBackend
+from services.allocator.service import Allocator
+from services.allocator.settings import AllocatorSettings
+from services.cli.local_api import LocalApiServer
+from services.cli.state import UpState
+from services.common.embedded_nats import EmbeddedNats
+from services.metrics.service import MetricsService
+from services.metrics.settings import MetricsSettings
+from services.nodeagent.service import NodeAgent
+from services.nodeagent.settings import NodeAgentSettings
+from services.simulators.kubelet import KubeletSimSettings, KubeletSimulator
+
+log = logging.getLogger("vgpu.up")
+
+RESOURCE = "nvidia.com/gpu"
+HOOK_BUILD = Path(__file__).resolve().parents[2] / "libvgpu-hook" / "build" / "libvgpu.so"
+
+
+class Service(Protocol):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class LocalClusterSpec:
+    nodes: int = 2
+    simulate: str = "4xA100-40GB"
+    nats_url: str = ""  # empty: start an embedded nats-server
+    allocator_port: int = 8080
+    metrics_port: int = 9400
+    split_count: int = 10
+    heartbeat_s: float = 5.0
+    hook_library: str = str(HOOK_BUILD)
+
+
+def node_names(count: int) -> list[str]:
+    return [f"node-{index + 1}" for index in range(count)]
+
+
+async def _start_on_port(make: Callable[[int], Service], port: int, what: str) -> Service:
+    """Start on the preferred port; if it is taken, on any free one (and say so)."""
+    service = make(port)
+    try:
+        await service.start()
+        return service
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE or port == 0:
+            raise
+    log.warning("port in use, using a free one", extra={"service": what, "port": port})
+    service = make(0)
+    await service.start()
+    return service
+
+
+class LocalCluster:
+    def __init__(self, spec: LocalClusterSpec) -> None:
+        if spec.nodes < 1:
+            raise ValueError(f"a local cluster needs at least one node, got {spec.nodes}")
+        self.spec = spec
+        self.nats: EmbeddedNats | None = None
+        self.nats_url = spec.nats_url
+        self.allocator: Allocator | None = None
+        self.api: LocalApiServer | None = None
+        self.metrics: MetricsService | None = None
+        self.kubelets: dict[str, KubeletSimulator] = {}
+        self.agents: dict[str, NodeAgent] = {}
+        # Unix socket paths must stay under 108 bytes: keep the root short.
+        self.work_dir = Path(tempfile.mkdtemp(prefix="vgpu-", dir="/tmp"))
+        self._started: list[Service] = []
+
+    async def start(self, ready_timeout_s: float = 10.0) -> None:
+        try:
+            await self._start(ready_timeout_s)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self, ready_timeout_s: float) -> None:
+        spec = self.spec
+        if not self.nats_url:
+            # Started from this thread on purpose: the server is tied to its parent thread's
+            # life (PR_SET_PDEATHSIG), and a worker thread may come and go. It takes ~50 ms.
+            self.nats = EmbeddedNats().start()
+            self.nats_url = self.nats.url
+        nats_url = self.nats_url
+
+        backend = LocalClusterBackend()
+        self.allocator = await self._run(
+            lambda port: Allocator(AllocatorSettings(nats_url=nats_url, http_port=port), backend),
+            spec.allocator_port, "allocator",
+        )  # fmt: skip
+        self.api = await self._run(lambda port: LocalApiServer(backend), 0, "api")
+        self.metrics = await self._run(
+            lambda port: MetricsService(MetricsSettings(nats_url=nats_url, http_port=port)),
+            spec.metrics_port, "metrics",
+        )  # fmt: skip
+        for name in node_names(spec.nodes):
+            await self._start_node(name, nats_url, spec.hook_library)
+        await self._wait_ready(ready_timeout_s)
+
+    async def _run(self, make: Callable[[int], Service], port: int, what: str) -> Service:
+        service = await _start_on_port(make, port, what)
+        self._started.append(service)
+        return service
+
+    async def _start_node(self, name: str, nats_url: str, hook_library: str) -> None:
+        root = self.work_dir / name
+        plugin_dir = root / "device-plugins"
+        pod_resources = root / "pod-resources"
+        for directory in (plugin_dir, pod_resources, root / "containers"):
+            directory.mkdir(parents=True)
+        kubelet = KubeletSimulator(
+            KubeletSimSettings(
+                node_name=name,
+                plugin_dir=str(plugin_dir),
+                pod_resources_socket=str(pod_resources / "kubelet.sock"),
+                device_resources=(RESOURCE,),
+            )
+        )
+        await kubelet.start()
+        self._started.append(kubelet)
+        self.kubelets[name] = kubelet
+        agent = NodeAgent(
+            NodeAgentSettings(
+                node_name=name,
+                nats_url=nats_url,
+                simulate=self.spec.simulate,
+                plugin_dir=str(plugin_dir),
+                pod_resources_socket=str(pod_resources / "kubelet.sock"),
+                container_root=str(root / "containers"),
+                hook_library=hook_library,
+                split_count=self.spec.split_count,
+                heartbeat_s=self.spec.heartbeat_s,
+            )
+        )
+        await agent.start()
+        self._started.append(agent)
+        self.agents[name] = agent
+
+    async def _wait_ready(self, timeout_s: float) -> None:
+        """Ready = every kubelet sees our resource and the allocator knows every node."""
+        async with asyncio.timeout(timeout_s):
+            for kubelet in self.kubelets.values():
+                await kubelet.wait_for_resource(RESOURCE, timeout_s)
+            assert self.allocator is not None
+            # The allocator offers no event for this; a short poll at start-up is enough.
+            while len(self.allocator.inventory.nodes()) < len(self.agents):  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+
+    def state(self) -> UpState:
+        assert self.allocator is not None and self.metrics is not None and self.api is not None
+        return UpState(
+            nats_url=self.nats_url,
+            api_url=self.api.url,
+            allocator_url=self.allocator.url,
+            metrics_url=self.metrics.url,
+            kubelets={name: kubelet.url for name, kubelet in self.kubelets.items()},
+            work_dir=str(self.work_dir),
+            pid=os.getpid(),
+        )
+
+    async def stop(self) -> None:
+        """Stop everything started, newest first; one failure does not strand the rest."""
+        while self._started:
+            service = self._started.pop()
+            try:
+                await service.stop()
+            except Exception:
+                log.exception(
+                    "stopping a service failed", extra={"service": type(service).__name__}
+                )
+        if self.nats is not None:
+            self.nats.stop()
+            self.nats = None
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(self.work_dir)

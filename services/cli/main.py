@@ -1,0 +1,194 @@
+"""The `vgpu` command: run the whole system locally, submit pods, or run one service."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import msgspec
+
+from services.cli.state import StateError, default_state_file, read_state, write_state
+from services.common.config import ConfigError, load_settings
+from services.common.logs import configure_logging
+from services.common.tracing import setup_tracing
+
+CONFIG_OPTION = click.option(
+    "--config", "config_file", type=click.Path(dir_okay=False), default=None,
+    envvar="VGPU_CONFIG", help="YAML settings file (flags and VGPU_* variables override it).",
+)  # fmt: skip
+
+
+async def _until_signalled() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+
+
+@click.group()
+@click.version_option(package_name="vgpu")
+def main() -> None:
+    """vgpu: share NVIDIA GPUs between Kubernetes pods."""
+
+
+@main.command()
+@click.option("--nats-url", default="", help="Use this NATS server instead of an embedded one.")
+@click.option("--nodes", default=2, show_default=True, help="Simulated nodes.")
+@click.option("--simulate", default="4xA100-40GB", show_default=True, help="GPUs per node.")
+@click.option("--allocator-port", default=8080, show_default=True)
+@click.option("--metrics-port", default=9400, show_default=True)
+@click.option("--otlp-endpoint", default="", envvar="VGPU_OTLP_ENDPOINT", help="Export traces.")
+@click.option("--log-level", default="warning", show_default=True)
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text")
+@click.option("--state-file", type=click.Path(path_type=Path), default=None)
+def up(
+    nats_url: str,
+    nodes: int,
+    simulate: str,
+    allocator_port: int,
+    metrics_port: int,
+    otlp_endpoint: str,
+    log_level: str,
+    log_format: str,
+    state_file: Path | None,
+) -> None:
+    """Run the whole system on this machine with simulated GPUs until Ctrl-C."""
+    from services.cli.local_cluster import LocalCluster, LocalClusterSpec
+
+    configure_logging(log_level, json_format=log_format == "json")
+    setup_tracing("vgpu", otlp_endpoint)
+    spec = LocalClusterSpec(
+        nodes=nodes, simulate=simulate, nats_url=nats_url, allocator_port=allocator_port,
+        metrics_port=metrics_port,
+    )  # fmt: skip
+    path = state_file or default_state_file()
+
+    async def run() -> None:
+        cluster = LocalCluster(spec)
+        try:
+            await cluster.start()
+            state = cluster.state()
+            write_state(state, path)
+            click.echo(f"NATS       {state.nats_url}")
+            click.echo(f"extender   {state.extender_url}  (filter, prioritize, bind)")
+            click.echo(f"allocator  {state.allocator_url}/allocations")
+            click.echo(f"metrics    {state.metrics_url}/metrics")
+            for node, url in state.kubelets.items():
+                gpus = ", ".join(gpu.uuid for gpu in cluster.agents[node].gpus)
+                click.echo(f"{node:<10} kubelet {url}  GPUs {gpus}")
+            click.echo("ready (vgpu submit examples/half-gpu.yaml; Ctrl-C to stop)", err=False)
+            sys.stdout.flush()
+            await _until_signalled()
+        finally:
+            path.unlink(missing_ok=True)
+            await cluster.stop()
+
+    try:
+        asyncio.run(run())
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo("stopped")
+
+
+@main.command()
+@click.argument("manifest", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--state-file", type=click.Path(path_type=Path), default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+@click.option("--timeout", default=10.0, show_default=True, help="Seconds to wait for limits.")
+def submit(manifest: Path, state_file: Path | None, as_json: bool, timeout: float) -> None:
+    """Schedule and admit a Pod manifest on the system `vgpu up` runs."""
+    from services.cli.submit import ManifestError, load_pod, render
+    from services.cli.submit import submit as submit_pod
+
+    try:
+        state = read_state(state_file or default_state_file())
+        pod = load_pod(manifest)
+        outcome = asyncio.run(submit_pod(pod, state, limits_timeout_s=timeout))
+    except (StateError, ManifestError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(msgspec.json.encode(outcome).decode() if as_json else render(outcome))
+    if outcome.node is None or outcome.reason:
+        sys.exit(1)
+
+
+def _settings(settings_type: type[Any], section: str, config_file: str | None, **flags: Any) -> Any:
+    try:
+        return load_settings(settings_type, section=section, file=config_file, overrides=flags)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _serve(service: Any, name: str, log_level: str, otlp_endpoint: str) -> None:
+    """Run one service until SIGINT/SIGTERM (how the Kubernetes manifests run them)."""
+    configure_logging(log_level)
+    setup_tracing(name, otlp_endpoint)
+
+    async def run() -> None:
+        await service.start()
+        try:
+            await _until_signalled()
+        finally:
+            await service.stop()
+
+    try:
+        asyncio.run(run())
+    except (OSError, RuntimeError) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@main.command()
+@CONFIG_OPTION
+@click.option("--nats-url", default=None)
+@click.option("--http-host", default=None)
+@click.option("--http-port", type=int, default=None)
+def allocator(config_file: str | None, **flags: Any) -> None:
+    """Run the allocator (scheduler extender + claim service)."""
+    from services.allocator.service import Allocator
+    from services.allocator.settings import AllocatorSettings
+
+    settings = _settings(AllocatorSettings, "allocator", config_file, **flags)
+    _serve(Allocator(settings), "vgpu-allocator", settings.log_level, settings.otlp_endpoint)
+
+
+@main.command("node-agent")
+@CONFIG_OPTION
+@click.option("--node-name", default=None, envvar="NODE_NAME")
+@click.option("--nats-url", default=None)
+@click.option("--simulate", default=None, help="Simulated GPUs, e.g. 4xA100-40GB.")
+@click.option("--plugin-dir", default=None)
+@click.option("--pod-resources-socket", default=None)
+@click.option("--container-root", default=None)
+def node_agent(config_file: str | None, **flags: Any) -> None:
+    """Run the node agent (device plugin, inventory and usage publisher)."""
+    from services.nodeagent.service import NodeAgent
+    from services.nodeagent.settings import NodeAgentSettings
+
+    settings = _settings(NodeAgentSettings, "nodeagent", config_file, **flags)
+    try:
+        agent = NodeAgent(settings)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    _serve(agent, "vgpu-nodeagent", settings.log_level, settings.otlp_endpoint)
+
+
+@main.command()
+@CONFIG_OPTION
+@click.option("--nats-url", default=None)
+@click.option("--http-host", default=None)
+@click.option("--http-port", type=int, default=None)
+def metrics(config_file: str | None, **flags: Any) -> None:
+    """Run the metrics service (Prometheus /metrics from NATS events)."""
+    from services.metrics.service import MetricsService
+    from services.metrics.settings import MetricsSettings
+
+    settings = _settings(MetricsSettings, "metrics", config_file, **flags)
+    _serve(MetricsService(settings), "vgpu-metrics", settings.log_level, settings.otlp_endpoint)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""Where `vgpu up` tells later commands (`vgpu submit`) how to reach the local system."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import msgspec
+
+
+class UpState(msgspec.Struct, kw_only=True):
+    nats_url: str
+    api_url: str  # the local stand-in for the API server's pod endpoints
+    allocator_url: str
+    metrics_url: str
+    kubelets: dict[str, str]  # node name -> kubelet simulator URL
+    work_dir: str
+    pid: int
+
+    @property
+    def extender_url(self) -> str:
+        return f"{self.allocator_url}/scheduler"
+
+
+class StateError(RuntimeError):
+    pass
+
+
+def default_state_file() -> Path:
+    override = os.environ.get("VGPU_STATE_FILE")
+    if override:
+        return Path(override)
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/vgpu-{os.getuid()}"
+    return Path(runtime) / "vgpu" / "up.json"
+
+
+def write_state(state: UpState, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_bytes(msgspec.json.encode(state))
+    temporary.replace(path)
+
+
+def read_state(path: Path) -> UpState:
+    try:
+        state = msgspec.json.decode(path.read_bytes(), type=UpState)
+    except FileNotFoundError as exc:
+        raise StateError(f"no running `vgpu up` found ({path} is missing): start it first") from exc
+    except msgspec.DecodeError as exc:
+        raise StateError(f"{path} is not a vgpu state file: {exc}") from exc
+    if not _alive(state.pid):
+        raise StateError(f"`vgpu up` (pid {state.pid}) is no longer running: start it again")
+    return state
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

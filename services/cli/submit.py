@@ -1,0 +1,183 @@
+"""`vgpu submit`: a Pod manifest through the scheduler simulator and the node's kubelet.
+
+The path is the production one: filter/prioritize/bind on the allocator's extender, then the
+kubelet simulator admits the pod through the node agent's device plugin (real gRPC), and the
+node agent writes each container's limit file once it knows whose devices those are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+import yaml
+
+from services.cli.state import UpState
+from services.common.tracing import inject_headers, tracer
+from services.simulators.kubelet_records import AdmitResult
+from services.simulators.scheduler import SchedulerSimulator
+
+_tracer = tracer("vgpu.submit")
+CONTAINER_DIR = "/var/run/vgpu"
+
+
+class ManifestError(ValueError):
+    pass
+
+
+class ContainerOutcome(msgspec.Struct, kw_only=True):
+    name: str
+    init: bool
+    gpus: list[str]
+    envs: dict[str, str]
+    mounts: list[dict[str, Any]]
+    limits: dict[str, str]  # the limit file the hook will read ({} if it never appeared)
+
+
+class SubmitOutcome(msgspec.Struct, kw_only=True):
+    namespace: str
+    name: str
+    uid: str
+    node: str | None = None
+    reason: str = ""  # why the pod was not scheduled or admitted
+    containers: list[ContainerOutcome] = []
+
+
+def load_pod(path: Path) -> dict[str, Any]:
+    """The Pod in a manifest file, completed as the API server would (namespace, uid)."""
+    try:
+        documents = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    except OSError as exc:
+        raise ManifestError(f"cannot read {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ManifestError(f"{path} is not valid YAML: {exc}") from exc
+    pods = [d for d in documents if isinstance(d, dict) and d.get("kind") == "Pod"]
+    if len(pods) != 1:
+        raise ManifestError(f"{path}: expected exactly one object of kind Pod, found {len(pods)}")
+    pod = pods[0]
+    metadata = pod.setdefault("metadata", {})
+    if not isinstance(metadata, dict) or not metadata.get("name"):
+        raise ManifestError(f"{path}: the Pod has no metadata.name")
+    metadata.setdefault("namespace", "default")
+    metadata["uid"] = str(uuid.uuid4())
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    metadata["creationTimestamp"] = now
+    return pod
+
+
+def read_limits(host_dir: Path) -> dict[str, str]:
+    path = host_dir / "limits"
+    if not path.is_file():
+        return {}
+    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    return {key: value for key, value in pairs if not key.startswith("#")}
+
+
+async def _wait_for_limits(host_dir: Path, timeout_s: float) -> dict[str, str]:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        limits = read_limits(host_dir)
+        if limits or asyncio.get_running_loop().time() >= deadline:
+            return limits
+        await asyncio.sleep(0.05)
+
+
+async def _create(api_url: str, pod: dict[str, Any]) -> None:
+    namespace = pod["metadata"]["namespace"]
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+        session.post(f"{api_url}/api/v1/namespaces/{namespace}/pods", json=pod) as response,
+    ):
+        if response.status != 201:
+            raise RuntimeError(
+                f"creating the pod failed ({response.status}): {await response.text()}"
+            )
+
+
+async def _admit(kubelet_url: str, pod: dict[str, Any]) -> AdmitResult:
+    timeout = aiohttp.ClientTimeout(total=30)
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as session,
+        session.post(f"{kubelet_url}/pods", json=pod, headers=inject_headers()) as response,
+    ):
+        body = await response.read()
+        if response.status != 200:
+            raise RuntimeError(f"kubelet simulator answered {response.status}: {body[:300]!r}")
+    return msgspec.json.decode(body, type=AdmitResult)
+
+
+async def _container_outcome(admitted: Any, limits_timeout_s: float) -> ContainerOutcome:
+    mounts = [msgspec.to_builtins(m) for m in admitted.mounts]
+    own_dir = next((m["host_path"] for m in mounts if m["container_path"] == CONTAINER_DIR), "")
+    limits = await _wait_for_limits(Path(own_dir), limits_timeout_s) if own_dir else {}
+    visible = admitted.envs.get("NVIDIA_VISIBLE_DEVICES", "")
+    return ContainerOutcome(
+        name=admitted.name,
+        init=admitted.init,
+        gpus=[g for g in visible.split(",") if g],
+        envs=dict(admitted.envs),
+        mounts=mounts,
+        limits=limits,
+    )
+
+
+async def submit(
+    pod: dict[str, Any], state: UpState, limits_timeout_s: float = 10.0
+) -> SubmitOutcome:
+    metadata = pod["metadata"]
+    outcome = SubmitOutcome(
+        namespace=metadata["namespace"], name=metadata["name"], uid=metadata["uid"]
+    )
+    with _tracer.start_as_current_span(f"vgpu submit {outcome.namespace}/{outcome.name}"):
+        await _create(state.api_url, pod)
+        scheduler = SchedulerSimulator(state.extender_url)
+        try:
+            result = await scheduler.schedule(pod, sorted(state.kubelets))
+        finally:
+            await scheduler.close()
+        if result.node is None:
+            outcome.reason = result.describe()
+            return outcome
+        outcome.node = result.node
+        admitted = await _admit(state.kubelets[result.node], pod)
+        if admitted.error:
+            outcome.reason = f"admission failed on {result.node}: {admitted.error}"
+            return outcome
+        outcome.containers = [
+            await _container_outcome(container, limits_timeout_s)
+            for container in admitted.containers
+        ]
+    return outcome
+
+
+def render(outcome: SubmitOutcome) -> str:
+    """The outcome for people: placement, then each container's environment and mounts."""
+    title = f"pod {outcome.namespace}/{outcome.name}"
+    if outcome.node is None or outcome.reason:
+        return f"{title}: not placed\n  reason: {outcome.reason}"
+    lines = [f"{title}: placed on node {outcome.node}"]
+    for container in outcome.containers:
+        kind = "init container" if container.init else "container"
+        if not container.gpus:
+            lines.append(f"  {kind} {container.name}: no GPU")
+            continue
+        lines.append(f"  {kind} {container.name}: GPUs {', '.join(container.gpus)}")
+        lines.append("    env:")
+        lines.extend(f"      {key}={value}" for key, value in sorted(container.envs.items()))
+        lines.append("    mounts:")
+        for mount in container.mounts:
+            mode = "ro" if mount.get("read_only") else "rw"
+            lines.append(f"      {mount['host_path']} -> {mount['container_path']} ({mode})")
+        if container.limits:
+            lines.append("    limits (read by the hook):")
+            lines.extend(f"      {key}={value}" for key, value in container.limits.items())
+        else:
+            lines.append(
+                "    limits: not written yet (the node agent could not resolve this container)"
+            )
+    return "\n".join(lines)

@@ -1,0 +1,58 @@
+"""Re-reads the GPUs' health from the backend and propagates changes (ListAndWatch, NATS)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from services.nodeagent.catalog import DeviceCatalog
+from services.nodeagent.gpus.backend import GpuBackend
+
+log = logging.getLogger("vgpu.nodeagent")
+
+
+class DeviceWatcher:
+    def __init__(
+        self,
+        backend: GpuBackend,
+        catalog: DeviceCatalog,
+        on_change: Callable[[], Awaitable[None]],
+        interval_s: float,
+    ) -> None:
+        self._backend = backend
+        self._catalog = catalog
+        self._on_change = on_change
+        self._interval_s = interval_s
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def refresh(self) -> bool:
+        """Take the backend's current view; True when it changed (watchers were woken)."""
+        gpus = self._backend.devices()
+        if not await self._catalog.update(gpus):
+            return False
+        log.info(
+            "GPU set or health changed",
+            extra={"unhealthy": [gpu.uuid for gpu in gpus if not gpu.healthy]},
+        )
+        await self._on_change()
+        return True
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            try:
+                await self.refresh()
+            except Exception:
+                log.exception("reading GPU health failed")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -1,0 +1,99 @@
+"""The limit file the in-container hook reads: `<container dir>/limits`, key=value lines.
+
+version=1
+namespace=<ns>
+pod=<pod>
+container=<container>
+device_count=N
+device.<i>.uuid=<gpu uuid>            i = 0..N-1 in NVIDIA_VISIBLE_DEVICES order
+device.<i>.memory_limit_mib=<MiB>      0 = unlimited
+device.<i>.cores=<percent of SMs>      0 = no compute limit
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.common.schemas import ContainerAllocation
+from services.nodeagent.files import atomic_write
+
+FILE_NAME = "limits"
+FORMAT_VERSION = 1
+
+
+class LimitsError(ValueError):
+    """The allocator's decision cannot be turned into a limit file for these GPUs."""
+
+
+@dataclass(frozen=True)
+class DeviceLimit:
+    uuid: str
+    memory_limit_mib: int
+    cores: int
+
+
+@dataclass(frozen=True)
+class ContainerLimits:
+    namespace: str
+    pod: str
+    container: str
+    devices: tuple[DeviceLimit, ...]
+
+
+def limits_from_decision(
+    namespace: str,
+    pod: str,
+    container: str,
+    gpu_uuids: tuple[str, ...],
+    decision: ContainerAllocation,
+) -> ContainerLimits:
+    """Order the decision's slices as the container sees its GPUs; the two must match."""
+    slices = {piece.uuid: piece for piece in decision.slices}
+    missing = [uuid for uuid in gpu_uuids if uuid not in slices]
+    extra = sorted(set(slices) - set(gpu_uuids))
+    if missing or extra:
+        raise LimitsError(
+            f"decision for {namespace}/{pod}/{container} does not match its GPUs: "
+            f"no slice on {missing or 'none'}, slices on unexposed GPUs {extra or 'none'}"
+        )
+    return ContainerLimits(
+        namespace=namespace,
+        pod=pod,
+        container=container,
+        devices=tuple(
+            DeviceLimit(uuid, slices[uuid].memory_mib, slices[uuid].cores) for uuid in gpu_uuids
+        ),
+    )
+
+
+def _value(name: str, value: str) -> str:
+    if not value or any(c in value for c in "\n\r\0"):
+        raise LimitsError(f"limit file field {name} has an unusable value {value!r}")
+    return value
+
+
+def render(limits: ContainerLimits) -> str:
+    lines = [
+        f"version={FORMAT_VERSION}",
+        f"namespace={_value('namespace', limits.namespace)}",
+        f"pod={_value('pod', limits.pod)}",
+        f"container={_value('container', limits.container)}",
+        f"device_count={len(limits.devices)}",
+    ]
+    for index, device in enumerate(limits.devices):
+        if device.memory_limit_mib < 0 or not 0 <= device.cores <= 100:
+            raise LimitsError(f"device {device.uuid}: limits out of range: {device}")
+        lines += [
+            f"device.{index}.uuid={_value('uuid', device.uuid)}",
+            f"device.{index}.memory_limit_mib={device.memory_limit_mib}",
+            f"device.{index}.cores={device.cores}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def write(container_dir: Path, limits: ContainerLimits) -> Path:
+    path = container_dir / FILE_NAME
+    container_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, render(limits))
+    return path

@@ -1,0 +1,81 @@
+"""Publishes the node's inventory (on start, on change, every heartbeat) and GPU usage."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from services.common import subjects
+from services.common.bus import Bus
+from services.common.schemas import NodeInventory, NodeUsage
+from services.nodeagent.catalog import DeviceCatalog
+from services.nodeagent.gpus.backend import GpuBackend
+
+log = logging.getLogger("vgpu.nodeagent")
+
+
+async def _every(interval_s: float, action: Callable[[], Awaitable[None]], what: str) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await action()
+        except Exception:  # keep the loop alive; NATS reconnects by itself
+            log.exception(f"{what} failed")
+
+
+class Publisher:
+    def __init__(
+        self,
+        *,
+        bus: Bus,
+        node_name: str,
+        backend: GpuBackend,
+        catalog: DeviceCatalog,
+        heartbeat_s: float,
+        usage_interval_s: float,
+        agent_version: str,
+    ) -> None:
+        self._bus = bus
+        self._node = node_name
+        self._backend = backend
+        self._catalog = catalog
+        self._heartbeat_s = heartbeat_s
+        self._usage_interval_s = usage_interval_s
+        self._agent_version = agent_version
+        self._seq = 0
+        self._lock = asyncio.Lock()  # one publication at a time keeps seq in send order
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        await self.publish_inventory()
+        await self.publish_usage()
+        self._tasks = [
+            asyncio.create_task(_every(self._heartbeat_s, self.publish_inventory, "inventory")),
+            asyncio.create_task(_every(self._usage_interval_s, self.publish_usage, "usage")),
+        ]
+
+    async def publish_inventory(self) -> None:
+        async with self._lock:
+            self._seq += 1
+            inventory = NodeInventory(
+                node=self._node,
+                gpus=self._catalog.gpus,
+                agent_version=self._agent_version,
+                heartbeat_s=self._heartbeat_s,
+                seq=self._seq,
+            )
+            await self._bus.publish(subjects.inventory(self._node), inventory)
+
+    async def publish_usage(self) -> None:
+        usage = NodeUsage(node=self._node, gpus=self._backend.usage())
+        await self._bus.publish(subjects.usage(self._node), usage)
+
+    async def stop(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -1,0 +1,245 @@
+"""After Allocate: find out which container got the devices, claim its decision, write limits.
+
+Allocate carries no pod identity. Rather than guess by request size or lock the node, the
+agent waits for the kubelet to record the device IDs (it does so right after Allocate
+returns), reads the owner from the PodResources API, and asks the allocator for that
+container's decision by name. Every Allocate resolves on its own, so bursts onto one node
+proceed in parallel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Link, Status, StatusCode
+from prometheus_client import Counter, Histogram
+
+from services.common import subjects
+from services.common.bus import Bus, BusError
+from services.common.schemas import ClaimReply, ClaimRequest
+from services.common.tracing import context_from_traceparent, tracer
+from services.nodeagent import limits_file
+from services.nodeagent.grant import ContainerGrant
+from services.nodeagent.limits_file import LimitsError
+from services.nodeagent.podresources import ContainerRef
+
+log = logging.getLogger("vgpu.nodeagent")
+_tracer = tracer("vgpu.nodeagent")
+
+RESOLVE_FAILURES = Counter(
+    "vgpu_nodeagent_resolve_failures_total",
+    "Allocations whose container could not be resolved, claimed or given a limit file",
+    ["node", "reason"],
+)
+LIMIT_FILES_WRITTEN = Counter(
+    "vgpu_nodeagent_limit_files_written_total", "Limit files written", ["node"]
+)
+RESOLVE_SECONDS = Histogram(
+    "vgpu_nodeagent_resolve_seconds",
+    "Time from the end of Allocate to the limit file being written",
+    ["node"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+
+
+class ContainerLocator(Protocol):
+    async def holders(self, resource_name: str, device_ids: set[str]) -> list[ContainerRef]: ...
+
+
+@dataclass(frozen=True)
+class AllocateCall:
+    """One container's Allocate, as the plugin served it."""
+
+    grant: ContainerGrant
+    started_ns: int
+    ended_ns: int
+    caller_traceparent: str = ""  # from gRPC metadata; a real kubelet sends none
+
+
+class ResolveFailure(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason  # metric label
+
+
+def _is_transport_error(exc: BusError) -> bool:
+    return isinstance(exc.__cause__, NoRespondersError | NatsTimeoutError | TimeoutError)
+
+
+class AllocationResolver:
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        resource_name: str,
+        bus: Bus,
+        locator: ContainerLocator,
+        resolve_timeout_s: float,
+        poll_interval_s: float = 0.05,
+    ) -> None:
+        self._node = node_name
+        self._resource = resource_name
+        self._bus = bus
+        self._locator = locator
+        self._timeout_s = resolve_timeout_s
+        self._poll_s = poll_interval_s
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def track(self, call: AllocateCall) -> None:
+        task = asyncio.create_task(self._resolve(call), name=f"resolve-{call.grant.key}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def stop(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _resolve(self, call: AllocateCall) -> None:
+        grant = call.grant
+        fields = {"node": self._node, "device_ids": list(grant.device_ids), "key": grant.key}
+        try:
+            deadline = time.monotonic() + self._timeout_s
+            ref = await self._find_container(grant, deadline)
+            fields["container"] = str(ref)
+            reply = await self._claim(ref, call, deadline)
+            if reply.allocation is None:
+                raise ResolveFailure("claim_refused", f"allocator sent no decision for {ref}")
+            limits = limits_file.limits_from_decision(
+                ref.namespace, ref.pod, ref.container, grant.gpu_uuids, reply.allocation
+            )
+            write_started = time.time_ns()
+            path = limits_file.write(grant.host_dir, limits)
+            write_ended = time.time_ns()
+        except ResolveFailure as exc:
+            self._fail(call, exc.reason, str(exc), fields)
+            return
+        except LimitsError as exc:
+            self._fail(call, "bad_decision", str(exc), fields)
+            return
+        except OSError as exc:
+            self._fail(call, "write_failed", f"cannot write limit file: {exc}", fields)
+            return
+        LIMIT_FILES_WRITTEN.labels(node=self._node).inc()
+        RESOLVE_SECONDS.labels(node=self._node).observe((write_ended - call.ended_ns) / 1e9)
+        log.info("limit file written", extra={**fields, "path": str(path)})
+        self._emit_spans(call, ref, reply.traceparent, (write_started, write_ended))
+
+    async def _find_container(self, grant: ContainerGrant, deadline: float) -> ContainerRef:
+        wanted = set(grant.device_ids)
+        last_error = ""
+        while True:
+            try:
+                holders = await self._locator.holders(self._resource, wanted)
+                last_error = ""
+            except grpc.aio.AioRpcError as exc:
+                holders = []
+                last_error = f"; PodResources API: {exc.code().name}: {exc.details()}"
+            if holders:
+                if len(holders) > 1:
+                    log.warning(
+                        "several containers hold the same device IDs; taking the first",
+                        extra={"holders": [str(h) for h in holders], "device_ids": sorted(wanted)},
+                    )
+                return holders[0]
+            if time.monotonic() >= deadline:
+                raise ResolveFailure(
+                    "no_container",
+                    f"no container holds devices {sorted(wanted)} after "
+                    f"{self._timeout_s}s{last_error}",
+                )
+            await asyncio.sleep(self._poll_s)
+
+    async def _claim(self, ref: ContainerRef, call: AllocateCall, deadline: float) -> ClaimReply:
+        request = ClaimRequest(
+            node=self._node,
+            namespace=ref.namespace,
+            pod=ref.pod,
+            container=ref.container,
+            device_ids=list(call.grant.device_ids),
+            gpu_uuids=list(call.grant.gpu_uuids),
+        )
+        # Carry the caller's trace (if any) into the NATS headers of the claim.
+        context = context_from_traceparent(call.caller_traceparent)
+        while True:
+            timeout = max(0.1, min(5.0, deadline - time.monotonic()))
+            try:
+                token = otel_context.attach(context)
+                try:
+                    return await self._bus.request(
+                        subjects.ALLOC_CLAIM, request, ClaimReply, timeout=timeout
+                    )
+                finally:
+                    otel_context.detach(token)
+            except BusError as exc:
+                # Unreachable allocator: retry (claims are idempotent); a refusal is final.
+                if not _is_transport_error(exc):
+                    raise ResolveFailure(
+                        "claim_refused", f"claim for {ref} refused: {exc}"
+                    ) from exc
+                if time.monotonic() >= deadline:
+                    raise ResolveFailure(
+                        "allocator_unreachable", f"claim for {ref} not answered: {exc}"
+                    ) from exc
+                await asyncio.sleep(0.2)
+
+    def _fail(
+        self, call: AllocateCall, reason: str, message: str, fields: dict[str, object]
+    ) -> None:
+        RESOLVE_FAILURES.labels(node=self._node, reason=reason).inc()
+        log.error(
+            "no limit file for allocated devices: " + message,
+            extra={**fields, "reason": reason},
+        )
+        span = _tracer.start_span(
+            "device-plugin Allocate",
+            context=context_from_traceparent(call.caller_traceparent),
+            start_time=call.started_ns,
+            attributes={"vgpu.node": self._node, "vgpu.device_ids": list(call.grant.device_ids)},
+        )
+        span.set_status(Status(StatusCode.ERROR, message))
+        span.end(end_time=call.ended_ns)
+
+    def _emit_spans(
+        self, call: AllocateCall, ref: ContainerRef, traceparent: str, write: tuple[int, int]
+    ) -> None:
+        """Join the pod's trace (from the claim reply) with the real Allocate times."""
+        links = []
+        caller = trace.get_current_span(
+            context_from_traceparent(call.caller_traceparent)
+        ).get_span_context()
+        if caller.is_valid:
+            links.append(Link(caller))
+        span = _tracer.start_span(
+            "device-plugin Allocate",
+            context=context_from_traceparent(traceparent),
+            kind=trace.SpanKind.SERVER,
+            start_time=call.started_ns,
+            links=links,
+            attributes={
+                "vgpu.node": self._node,
+                "vgpu.device_ids": list(call.grant.device_ids),
+                "vgpu.gpu_uuids": list(call.grant.gpu_uuids),
+                "k8s.namespace.name": ref.namespace,
+                "k8s.pod.name": ref.pod,
+                "k8s.container.name": ref.container,
+            },
+        )
+        child = _tracer.start_span(
+            "write limits",
+            context=trace.set_span_in_context(span),
+            start_time=write[0],
+            attributes={"vgpu.container_dir": str(call.grant.host_dir)},
+        )
+        child.end(end_time=write[1])
+        span.end(end_time=call.ended_ns)

@@ -1,0 +1,182 @@
+"""Claims and preferred-GPU hints over real NATS request/reply."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.allocator import Allocator
+from services.common import subjects
+from services.common.bus import Bus, BusError
+from services.common.schemas import (
+    AllocationEvent,
+    ClaimReply,
+    ClaimRequest,
+    PreferredReply,
+    PreferredRequest,
+)
+
+from .helpers import (
+    admit_to_cluster,
+    bind_args,
+    container,
+    eventually,
+    filter_args,
+    give_nodes,
+    node_inventory,
+    pod,
+    post,
+)
+
+
+async def _bind(http, allocator: Allocator, p: dict, node: str) -> None:
+    admit_to_cluster(allocator, p)
+    _, result = await post(http, f"{allocator.url}/scheduler/filter", filter_args(p, [node]))
+    assert result["NodeNames"] == [node], result
+    _, answer = await post(http, f"{allocator.url}/scheduler/bind", bind_args(p, node))
+    assert answer == {"Error": ""}
+
+
+def _claim(p: dict, name: str, gpus: list[str], node: str = "n1") -> ClaimRequest:
+    return ClaimRequest(
+        node=node,
+        namespace=p["metadata"]["namespace"],
+        pod=p["metadata"]["name"],
+        container=name,
+        device_ids=[f"{g}::{i}" for i, g in enumerate(gpus)],
+        gpu_uuids=gpus,
+    )
+
+
+async def test_claim_returns_the_decision_and_publishes(
+    allocator: Allocator, bus: Bus, http
+) -> None:
+    await give_nodes(bus, allocator, node_inventory("n1", count=2))
+    events: list[AllocationEvent] = []
+
+    async def on_event(event: AllocationEvent) -> None:
+        events.append(event)
+
+    await bus.subscribe(subjects.alloc_events("n1"), AllocationEvent, on_event)
+    await bus.client.flush()
+    p = pod("p", [container("a", mem=1000), container("b", gpus=2, mem=2000, cores=20)])
+    await _bind(http, allocator, p, "n1")
+
+    request = _claim(p, "b", ["GPU-n1-1", "GPU-n1-0"])  # the kubelet's order
+    reply = await bus.request(subjects.ALLOC_CLAIM, request, ClaimReply)
+    assert reply.error == ""
+    assert reply.pod_uid == p["metadata"]["uid"]
+    assert reply.traceparent == allocator.engine.allocations()[0].traceparent != ""
+    assert reply.allocation is not None
+    assert reply.allocation.container == "b"
+    assert reply.allocation.claimed is True
+    assert reply.allocation.device_ids == request.device_ids
+    assert [(s.uuid, s.memory_mib, s.cores) for s in reply.allocation.slices] == [
+        ("GPU-n1-1", 2000, 20),
+        ("GPU-n1-0", 2000, 20),
+    ]
+    await eventually(lambda: len(events) == 2)
+    assert [e.kind for e in events] == ["bound", "claimed"]
+    assert events[1].allocation.containers["b"].claimed
+    assert not events[1].allocation.containers["a"].claimed
+
+    again = await bus.request(subjects.ALLOC_CLAIM, request, ClaimReply)
+    assert again.allocation == reply.allocation
+    await bus.client.flush()
+    assert len(events) == 2  # an idempotent repeat announces nothing new
+
+
+async def test_claim_of_unknown_pod_or_container_is_refused(
+    allocator: Allocator, bus: Bus, http
+) -> None:
+    await give_nodes(bus, allocator, node_inventory("n1"))
+    p = pod("p", [container("a", mem=1000)])
+    await _bind(http, allocator, p, "n1")
+    with pytest.raises(BusError, match="no pod default/ghost is bound to node 'n1'"):
+        await bus.request(
+            subjects.ALLOC_CLAIM, _claim(pod("ghost", []), "a", ["GPU-n1-0"]), ClaimReply
+        )
+    with pytest.raises(BusError, match=r"no GPU allocation for container 'zzz'.*'a'"):
+        await bus.request(subjects.ALLOC_CLAIM, _claim(p, "zzz", ["GPU-n1-0"]), ClaimReply)
+    with pytest.raises(BusError, match="no pod default/p is bound to node 'n2'"):
+        await bus.request(subjects.ALLOC_CLAIM, _claim(p, "a", ["GPU-n1-0"], "n2"), ClaimReply)
+
+
+async def test_claim_on_other_gpus_moves_when_they_fit(
+    allocator: Allocator, bus: Bus, http
+) -> None:
+    await give_nodes(bus, allocator, node_inventory("n1", count=3))
+    p = pod("p", [container("a", percent=50)])
+    await _bind(http, allocator, p, "n1")
+    assert [s.uuid for s in allocator.engine.allocations()[0].containers["a"].slices] == [
+        "GPU-n1-0"
+    ]
+    reply = await bus.request(subjects.ALLOC_CLAIM, _claim(p, "a", ["GPU-n1-2"]), ClaimReply)
+    assert reply.allocation is not None
+    assert [(s.uuid, s.index, s.memory_mib) for s in reply.allocation.slices] == [
+        ("GPU-n1-2", 2, 20480)
+    ]
+    assert set(allocator.ledger.reserved("n1")) == {"GPU-n1-2"}
+
+
+async def test_claim_on_other_gpus_without_room_is_refused(
+    allocator: Allocator, bus: Bus, http
+) -> None:
+    await give_nodes(bus, allocator, node_inventory("n1", count=2))
+    big = pod("big", [container("a", mem=30000)])
+    small = pod("small", [container("a", mem=30000)])
+    await _bind(http, allocator, big, "n1")  # GPU 0
+    await _bind(http, allocator, small, "n1")  # GPU 1
+    with pytest.raises(BusError, match=r"given GPUs GPU-n1-0 .*chose GPU-n1-1"):
+        await bus.request(subjects.ALLOC_CLAIM, _claim(small, "a", ["GPU-n1-0"]), ClaimReply)
+    with pytest.raises(BusError, match="GPU-nowhere"):
+        await bus.request(subjects.ALLOC_CLAIM, _claim(small, "a", ["GPU-nowhere"]), ClaimReply)
+    decided = allocator.engine.allocations()[1].containers["a"]
+    assert [s.uuid for s in decided.slices] == ["GPU-n1-1"] and not decided.claimed
+
+
+async def test_preferred_hints_in_bind_order_once_each(
+    allocator: Allocator, bus: Bus, http
+) -> None:
+    await give_nodes(bus, allocator, node_inventory("n1", count=4))
+    first = pod("first", [container("a", gpus=1, cores=100)])  # GPU 0
+    second = pod("second", [container("a", gpus=1, cores=100)])  # GPU 1
+    pair = pod("pair", [container("a", gpus=2, cores=100)])  # GPUs 2, 3
+    for p in (first, second, pair):
+        await _bind(http, allocator, p, "n1")
+    every = [f"GPU-n1-{i}" for i in range(4)]
+
+    async def hint(available: list[str], size: int = 1) -> list[str]:
+        reply = await bus.request(
+            subjects.ALLOC_PREFERRED,
+            PreferredRequest(node="n1", available_gpus=available, size=size),
+            PreferredReply,
+        )
+        return reply.gpu_uuids
+
+    assert await hint(every, size=2) == ["GPU-n1-2", "GPU-n1-3"]
+    assert await hint(["GPU-n1-1", "GPU-n1-3"]) == ["GPU-n1-1"]  # GPU 0 is not available
+    assert await hint(every) == ["GPU-n1-0"]
+    assert await hint(every) == []  # everyone was hinted
+    other = await bus.request(
+        subjects.ALLOC_PREFERRED,
+        PreferredRequest(node="n9", available_gpus=every, size=1),
+        PreferredReply,
+    )
+    assert other.gpu_uuids == []
+    with pytest.raises(BusError, match="at least 1"):
+        await hint(every, size=0)
+
+
+async def test_claimed_containers_are_not_hinted(allocator: Allocator, bus: Bus, http) -> None:
+    await give_nodes(bus, allocator, node_inventory("n1", count=2))
+    first = pod("first", [container("a", cores=100)])
+    second = pod("second", [container("a", cores=100)])
+    await _bind(http, allocator, first, "n1")
+    await _bind(http, allocator, second, "n1")
+    await bus.request(subjects.ALLOC_CLAIM, _claim(first, "a", ["GPU-n1-0"]), ClaimReply)
+    reply = await bus.request(
+        subjects.ALLOC_PREFERRED,
+        PreferredRequest(node="n1", available_gpus=["GPU-n1-0", "GPU-n1-1"], size=1),
+        PreferredReply,
+    )
+    assert reply.gpu_uuids == ["GPU-n1-1"]

@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.common.schemas import ContainerAllocation, GpuSlice
+from services.nodeagent import limits_file
+from services.nodeagent.limits_file import ContainerLimits, DeviceLimit, LimitsError
+
+A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
+B = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
+
+
+def decision(*slices: tuple[str, int, int]) -> ContainerAllocation:
+    return ContainerAllocation(
+        container="main",
+        slices=[
+            GpuSlice(uuid=u, index=i, memory_mib=m, cores=c) for i, (u, m, c) in enumerate(slices)
+        ],
+    )
+
+
+def test_render_exact_format_in_visible_order() -> None:
+    limits = limits_file.limits_from_decision(
+        "ns", "pod-1", "main", (B, A), decision((A, 10240, 30), (B, 0, 0))
+    )
+    assert limits_file.render(limits) == (
+        "version=1\n"
+        "namespace=ns\n"
+        "pod=pod-1\n"
+        "container=main\n"
+        "device_count=2\n"
+        f"device.0.uuid={B}\n"
+        "device.0.memory_limit_mib=0\n"
+        "device.0.cores=0\n"
+        f"device.1.uuid={A}\n"
+        "device.1.memory_limit_mib=10240\n"
+        "device.1.cores=30\n"
+    )
+
+
+def test_decision_must_match_the_exposed_gpus() -> None:
+    with pytest.raises(LimitsError, match=f"no slice on \\['{B}'\\]"):
+        limits_file.limits_from_decision("ns", "p", "c", (A, B), decision((A, 1, 1)))
+    with pytest.raises(LimitsError, match=f"slices on unexposed GPUs \\['{B}'\\]"):
+        limits_file.limits_from_decision("ns", "p", "c", (A,), decision((A, 1, 1), (B, 1, 1)))
+
+
+def test_values_that_would_break_the_format_are_refused() -> None:
+    bad = ContainerLimits("ns\nversion=2", "p", "c", (DeviceLimit(A, 1, 1),))
+    with pytest.raises(LimitsError, match="namespace"):
+        limits_file.render(bad)
+    with pytest.raises(LimitsError, match="out of range"):
+        limits_file.render(ContainerLimits("ns", "p", "c", (DeviceLimit(A, 1, 101),)))
+
+
+def test_write_is_atomic_and_leaves_no_temporary_files(tmp_path: Path) -> None:
+    limits = ContainerLimits("ns", "p", "c", (DeviceLimit(A, 512, 50),))
+    container_dir = tmp_path / "abc"
+    path = limits_file.write(container_dir, limits)
+    assert path == container_dir / "limits"
+    assert path.read_text() == limits_file.render(limits)
+    limits_file.write(container_dir, ContainerLimits("ns", "p", "c", (DeviceLimit(A, 1024, 50),)))
+    assert "memory_limit_mib=1024" in path.read_text()
+    assert sorted(p.name for p in container_dir.iterdir()) == ["limits"]
+    assert path.stat().st_mode & 0o777 == 0o644
