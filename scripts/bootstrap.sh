@@ -1,0 +1,16 @@
+# Sourced by scripts/up.sh and scripts/test.sh: make .venv with vgpu installed (once per
+# change of pyproject.toml) and build the hook. Needs only python3 (>= 3.11) and gcc.
+set -eu
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+EXTRAS="${1:-}"
+marker=".venv/.installed${EXTRAS:+-$EXTRAS}"
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+if [ ! -f "$marker" ] || [ pyproject.toml -nt "$marker" ]; then
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".${EXTRAS:+[$EXTRAS]}"
+    touch "$marker"
+fi
+sh libvgpu-hook/build.sh >/dev/null
