@@ -1,9 +1,9 @@
-# Sourced by scripts/up.sh and scripts/test.sh: make .venv with vgpu installed (once per
+# Sourced (with VGPU_EXTRAS=test for the tests) by scripts/up.sh and scripts/test.sh: make .venv with vgpu installed (once per
 # change of pyproject.toml) and build the hook. Needs only python3 (>= 3.11) and gcc.
 set -eu
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
-EXTRAS="${1:-}"
+EXTRAS="${VGPU_EXTRAS:-}"
 marker=".venv/.installed${EXTRAS:+-$EXTRAS}"
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv

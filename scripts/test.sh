@@ -1,7 +1,7 @@
 #!/bin/sh
 # Install what the tests need, build the hook, check style and run every test.
 set -eu
-. "$(dirname "$0")/bootstrap.sh" test
+VGPU_EXTRAS=test . "$(dirname "$0")/bootstrap.sh"
 .venv/bin/ruff format --check .
 .venv/bin/ruff check .
 exec .venv/bin/python -m pytest -q "$@"
