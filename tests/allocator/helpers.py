@@ -13,7 +13,7 @@ import msgspec
 from services.allocator import Allocator, LocalClusterBackend
 from services.common import subjects
 from services.common.bus import Bus
-from services.common.schemas import GpuDevice, NodeInventory
+from services.common.schemas import AllocationEvent, GpuDevice, NodeInventory
 
 A100_MIB = 40960
 
@@ -115,3 +115,15 @@ def admit_to_cluster(allocator: Allocator, *pods: dict[str, Any]) -> None:
     assert isinstance(backend, LocalClusterBackend)
     for p in pods:
         backend.add_pod(p)
+
+
+async def collect_events(bus: Bus, node: str) -> list[AllocationEvent]:
+    """Allocation events published for `node` from now on, appended as they arrive."""
+    events: list[AllocationEvent] = []
+
+    async def on_event(event: AllocationEvent) -> None:
+        events.append(event)
+
+    await bus.subscribe(subjects.alloc_events(node), AllocationEvent, on_event)
+    await bus.client.flush()
+    return events

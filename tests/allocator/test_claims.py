@@ -8,7 +8,6 @@ from services.allocator import Allocator
 from services.common import subjects
 from services.common.bus import Bus, BusError
 from services.common.schemas import (
-    AllocationEvent,
     ClaimReply,
     ClaimRequest,
     PreferredReply,
@@ -18,6 +17,7 @@ from services.common.schemas import (
 from .helpers import (
     admit_to_cluster,
     bind_args,
+    collect_events,
     container,
     eventually,
     filter_args,
@@ -51,13 +51,7 @@ async def test_claim_returns_the_decision_and_publishes(
     allocator: Allocator, bus: Bus, http
 ) -> None:
     await give_nodes(bus, allocator, node_inventory("n1", count=2))
-    events: list[AllocationEvent] = []
-
-    async def on_event(event: AllocationEvent) -> None:
-        events.append(event)
-
-    await bus.subscribe(subjects.alloc_events("n1"), AllocationEvent, on_event)
-    await bus.client.flush()
+    events = await collect_events(bus, "n1")
     p = pod("p", [container("a", mem=1000), container("b", gpus=2, mem=2000, cores=20)])
     await _bind(http, allocator, p, "n1")
 

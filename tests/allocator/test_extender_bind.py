@@ -8,14 +8,14 @@ import json
 import msgspec
 
 from services.allocator import ALLOCATION_ANNOTATION, Allocator, LocalClusterBackend
-from services.common import subjects
 from services.common.bus import Bus
-from services.common.schemas import AllocationEvent, PodAllocation
+from services.common.schemas import PodAllocation
 
 from .conftest import MakeAllocator
 from .helpers import (
     admit_to_cluster,
     bind_args,
+    collect_events,
     container,
     eventually,
     filter_args,
@@ -38,13 +38,7 @@ async def test_bind_records_by_container_name_and_publishes(
     allocator: Allocator, bus: Bus, http
 ) -> None:
     await give_nodes(bus, allocator, node_inventory("n1", count=2))
-    events: list[AllocationEvent] = []
-
-    async def on_event(event: AllocationEvent) -> None:
-        events.append(event)
-
-    await bus.subscribe(subjects.alloc_events("n1"), AllocationEvent, on_event)
-    await bus.client.flush()
+    events = await collect_events(bus, "n1")
 
     p = pod(
         "train",

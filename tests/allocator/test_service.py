@@ -12,11 +12,12 @@ from services.common import subjects
 from services.common.bus import Bus
 from services.common.config import ConfigError, load_settings
 from services.common.embedded_nats import EmbeddedNats
-from services.common.schemas import AllocationEvent, NodeInventory
+from services.common.schemas import NodeInventory
 
 from .helpers import (
     admit_to_cluster,
     bind_args,
+    collect_events,
     container,
     eventually,
     filter_args,
@@ -67,13 +68,7 @@ async def test_release_frees_the_slices_and_announces_it(
     allocator: Allocator, bus: Bus, http
 ) -> None:
     await give_nodes(bus, allocator, node_inventory("n1", count=1))
-    events: list[AllocationEvent] = []
-
-    async def on_event(event: AllocationEvent) -> None:
-        events.append(event)
-
-    await bus.subscribe(subjects.alloc_events("n1"), AllocationEvent, on_event)
-    await bus.client.flush()
+    events = await collect_events(bus, "n1")
     p = pod("p", [container("main", cores=100)])
     admit_to_cluster(allocator, p)
     await post(http, f"{allocator.url}/scheduler/filter", filter_args(p, ["n1"]))
