@@ -44,6 +44,29 @@ class NodeUsage(msgspec.Struct, kw_only=True):
     sent_at: float = msgspec.field(default_factory=time.time)
 
 
+class ContainerDeviceUsage(msgspec.Struct, frozen=True, kw_only=True):
+    uuid: str
+    index: int  # the GPU's host index
+    memory_used_mib: int  # the container's total on this GPU, all its processes
+    memory_limit_mib: int  # 0 = unlimited
+    cores_limit: int  # percent of SMs; 0 = no compute limit
+    sm_util_percent: float = -1.0  # the container's share of SM time; -1 = unknown
+
+
+class ContainerUsage(msgspec.Struct, kw_only=True):
+    """What one container uses, relayed from its hook by the node agent."""
+
+    node: str
+    namespace: str
+    pod: str
+    container: str
+    devices: list[ContainerDeviceUsage]
+    processes: int = 0  # processes currently reporting
+    launches: int = 0  # cumulative kernel launches of live processes
+    throttled_ms: int = 0  # cumulative time held back by the compute limiter
+    sent_at: float = msgspec.field(default_factory=time.time)
+
+
 class ContainerRequest(msgspec.Struct, frozen=True, kw_only=True):
     """What one container asks for, already normalised from the pod's resources."""
 

@@ -14,6 +14,8 @@ PREFIX = "vgpu.v1"
 INVENTORY_ALL = f"{PREFIX}.inventory.*"
 # Node agent -> everyone: utilisation of a node's GPUs.
 USAGE_ALL = f"{PREFIX}.usage.*"
+# Node agent -> everyone: per-container usage relayed from the hooks.
+CONTAINER_USAGE_ALL = f"{PREFIX}.container-usage.*"
 # Allocator -> everyone: a pod's slices were bound, claimed or released.
 ALLOC_EVENTS_ALL = f"{PREFIX}.alloc.events.*"
 
@@ -40,6 +42,10 @@ def inventory(node: str) -> str:
 
 def usage(node: str) -> str:
     return f"{PREFIX}.usage.{node_token(node)}"
+
+
+def container_usage(node: str) -> str:
+    return f"{PREFIX}.container-usage.{node_token(node)}"
 
 
 def alloc_events(node: str) -> str:
