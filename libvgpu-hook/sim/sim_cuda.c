@@ -1,71 +1,75 @@
-/* Simulated CUDA driver (libcuda.so.1) for tests on machines without a GPU.
+/* Simulated CUDA driver (libcuda.so.1) for tests and `vgpu up` on machines
+ * without a GPU: initialisation, devices, contexts and every kind of device
+ * memory the hook accounts for. Execution (streams, events, kernels, graphs)
+ * is in sim_exec.c, cuGetProcAddress in sim_procaddr.c.
  *
- * Devices come from VGPU_SIM_GPUS=<count>x<MiB> (default 1x40960). Device
- * memory is bookkeeping only: allocations get fake, increasing device
- * addresses and their sizes are recorded; nothing of that size is allocated
- * on the host. Like the real driver it returns CUDA_ERROR_NOT_INITIALIZED
- * before cuInit and CUDA_ERROR_OUT_OF_MEMORY when a device is full.
- * Thread-safe; contexts are per-thread current, as in CUDA. Simplifications:
- * no context stack, allocations belong to devices rather than contexts. */
-#include <ctype.h>
+ * Device memory is bookkeeping only: allocations get fake, increasing device
+ * addresses and their sizes are recorded per process; nothing of that size is
+ * allocated on the host. Like the real driver it returns
+ * CUDA_ERROR_NOT_INITIALIZED before cuInit and CUDA_ERROR_OUT_OF_MEMORY when a
+ * device is full. Thread-safe; contexts are per-thread current, as in CUDA.
+ * Simplifications: no context stack; allocations belong to devices, not
+ * contexts; memory is per process (each process sees whole devices), while
+ * kernel execution time is shared by all processes (sim_exec.c). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
-#include "cuda_api.h"
+#include "sim_cuda.h"
 
-#define SIM_EXPORT __attribute__((visibility("default")))
-#define SIM_MAX_DEVICES 16
 #define MIB (1024ull * 1024ull)
 #define ALIGN 512ull
+#define IPC_MAGIC 0x5647505553494d31ull /* "VGPUSIM1" */
 
-struct CUctx_st {
-    CUdevice dev;
-};
+enum alloc_kind { LINEAR, ARRAY, MIPMAP, VMM, IMPORT, POOL };
 
 struct sim_alloc {
-    CUdeviceptr ptr;
+    unsigned long long key; /* device pointer, or handle for arrays and VMM */
     size_t bytes;
-    int dev;
+    int dev, charged; /* charged: counts towards the device's used memory */
+    enum alloc_kind kind;
     struct sim_alloc *next;
 };
 
+struct CUarray_st {
+    int unused;
+};
+struct CUmipmappedArray_st {
+    int unused;
+};
+struct CUmemPoolHandle_st {
+    CUdevice dev;
+};
+
+struct sim_config sim_cfg;
+struct sim_timeline *sim_timelines[SIM_MAX_DEVICES];
+_Thread_local CUcontext sim_current;
+
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static atomic_int initialized;
-static int device_count;
 static struct {
     size_t total, used;
     CUdeviceptr next;
+    struct CUctx_st *primary;
+    int primary_refs;
+    struct CUmemPoolHandle_st default_pool;
 } devices[SIM_MAX_DEVICES];
 static struct sim_alloc *allocs; /* newest first */
-static _Thread_local CUcontext current;
+static unsigned long long next_handle = 1;
 
-/* "<count>x<MiB>" */
-static int parse_gpus(const char *spec, int *count, unsigned long long *mib)
-{
-    char *end;
-    if (!isdigit((unsigned char)spec[0]))
-        return -1;
-    unsigned long n = strtoul(spec, &end, 10);
-    if (*end != 'x' || n < 1 || n > SIM_MAX_DEVICES || !isdigit((unsigned char)end[1]))
-        return -1;
-    *mib = strtoull(end + 1, &end, 10);
-    if (*end || *mib == 0 || *mib > (1ull << 24))
-        return -1;
-    *count = (int)n;
-    return 0;
-}
-
-static CUresult check_init(void)
+CUresult sim_check_init(void)
 {
     return atomic_load(&initialized) ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
 }
 
-static CUresult check_device(CUdevice dev)
+CUresult sim_check_device(CUdevice dev)
 {
-    CUresult rc = check_init();
-    return rc ? rc : dev >= 0 && dev < device_count ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+    CUresult rc = sim_check_init();
+    return rc                                              ? rc
+           : dev >= 0 && dev < sim_cfg.device_count ? CUDA_SUCCESS
+                                                     : CUDA_ERROR_INVALID_DEVICE;
 }
 
 SIM_EXPORT CUresult cuInit(unsigned int flags)
@@ -75,20 +79,18 @@ SIM_EXPORT CUresult cuInit(unsigned int flags)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&mu);
     if (!atomic_load(&initialized)) {
-        const char *spec = getenv("VGPU_SIM_GPUS");
-        unsigned long long mib;
-        if (!spec || !*spec)
-            spec = "1x40960";
-        if (parse_gpus(spec, &device_count, &mib) != 0) {
-            fprintf(stderr, "vgpu-sim: invalid VGPU_SIM_GPUS='%s' (want <count>x<MiB>, e.g. 2x40960)\n",
-                    spec);
+        if (sim_load_config(&sim_cfg) != 0) {
             rc = CUDA_ERROR_INVALID_VALUE;
         } else {
-            for (int i = 0; i < device_count; i++) {
-                devices[i].total = mib * MIB;
+            for (int i = 0; i < sim_cfg.device_count && rc == CUDA_SUCCESS; i++) {
+                devices[i].total = sim_cfg.mib * MIB;
                 devices[i].next = (CUdeviceptr)(i + 1) << 40;
+                devices[i].default_pool.dev = i;
+                if (!(sim_timelines[i] = sim_timeline_open(&sim_cfg, i)))
+                    rc = CUDA_ERROR_OUT_OF_MEMORY;
             }
-            atomic_store(&initialized, 1);
+            if (rc == CUDA_SUCCESS)
+                atomic_store(&initialized, 1);
         }
     }
     pthread_mutex_unlock(&mu);
@@ -105,16 +107,16 @@ SIM_EXPORT CUresult cuDriverGetVersion(int *version)
 
 SIM_EXPORT CUresult cuDeviceGetCount(int *count)
 {
-    CUresult rc = check_init();
+    CUresult rc = sim_check_init();
     if (rc || !count)
         return rc ? rc : CUDA_ERROR_INVALID_VALUE;
-    *count = device_count;
+    *count = sim_cfg.device_count;
     return CUDA_SUCCESS;
 }
 
 SIM_EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal)
 {
-    CUresult rc = check_device(ordinal);
+    CUresult rc = sim_check_device(ordinal);
     if (rc || !device)
         return rc ? rc : CUDA_ERROR_INVALID_VALUE;
     *device = ordinal;
@@ -123,7 +125,7 @@ SIM_EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal)
 
 SIM_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 {
-    CUresult rc = check_device(dev);
+    CUresult rc = sim_check_device(dev);
     if (rc || !name || len <= 0)
         return rc ? rc : CUDA_ERROR_INVALID_VALUE;
     snprintf(name, (size_t)len, "vGPU simulated device %d", dev);
@@ -132,116 +134,589 @@ SIM_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 
 SIM_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
-    CUresult rc = check_device(dev);
+    CUresult rc = sim_check_device(dev);
     if (rc || !bytes)
         return rc ? rc : CUDA_ERROR_INVALID_VALUE;
     *bytes = devices[dev].total;
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+/* Legacy 32-bit entry point: sizes over 4 GiB do not fit, as with the real one. */
+SIM_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
 {
-    (void)flags;
-    CUresult rc = check_device(dev);
+    size_t b;
+    CUresult rc = cuDeviceTotalMem_v2(&b, dev);
+    if (rc == CUDA_SUCCESS)
+        *bytes = b > 0xffffffffu ? 0xffffffffu : (unsigned int)b;
+    return rc;
+}
+
+/* --- contexts ---------------------------------------------------------------------------- */
+
+static CUresult new_context(CUcontext *pctx, CUdevice dev)
+{
+    CUresult rc = sim_check_device(dev);
     if (rc || !pctx)
         return rc ? rc : CUDA_ERROR_INVALID_VALUE;
-    CUcontext ctx = malloc(sizeof *ctx);
+    CUcontext ctx = calloc(1, sizeof *ctx);
     if (!ctx)
         return CUDA_ERROR_OUT_OF_MEMORY;
     ctx->dev = dev;
-    *pctx = current = ctx;
+    ctx->null_stream.ctx = ctx;
+    *pctx = sim_current = ctx;
     return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    (void)flags;
+    return new_context(pctx, dev);
+}
+
+SIM_EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    return cuCtxCreate_v2(pctx, flags, dev);
+}
+
+SIM_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n,
+                                   unsigned int flags, CUdevice dev)
+{
+    (void)params;
+    (void)n;
+    return cuCtxCreate_v2(pctx, flags, dev);
+}
+
+SIM_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
+                                   CUdevice dev)
+{
+    (void)params;
+    return cuCtxCreate_v2(pctx, flags, dev);
 }
 
 /* Other threads must not use ctx afterwards, as with the real driver. */
 SIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
-    CUresult rc = check_init();
+    CUresult rc = sim_check_init();
     if (rc || !ctx)
         return rc ? rc : CUDA_ERROR_INVALID_VALUE;
-    if (current == ctx)
-        current = NULL;
+    if (sim_current == ctx)
+        sim_current = NULL;
     free(ctx);
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuCtxGetDevice(CUdevice *device)
+SIM_EXPORT CUresult cuCtxDestroy(CUcontext ctx)
 {
-    CUresult rc = check_init();
-    if (rc || !device)
+    return cuCtxDestroy_v2(ctx);
+}
+
+SIM_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+    CUresult rc = sim_check_init();
+    if (rc || !pctx)
         return rc ? rc : CUDA_ERROR_INVALID_VALUE;
-    if (!current)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    *device = current->dev;
+    *pctx = sim_current;
     return CUDA_SUCCESS;
 }
 
 SIM_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 {
-    CUresult rc = check_init();
+    CUresult rc = sim_check_init();
     if (rc)
         return rc;
-    current = ctx;
+    sim_current = ctx;
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+SIM_EXPORT CUresult cuCtxGetDevice(CUdevice *device)
 {
-    CUresult rc = check_init();
-    if (rc || !dptr || bytesize == 0)
+    CUresult rc = sim_check_init();
+    if (rc || !device)
         return rc ? rc : CUDA_ERROR_INVALID_VALUE;
-    if (!current)
+    if (!sim_current)
         return CUDA_ERROR_INVALID_CONTEXT;
+    *device = sim_current->dev;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    CUresult rc = sim_check_device(dev);
+    if (rc || !pctx)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    if (!devices[dev].primary) {
+        CUcontext ctx = calloc(1, sizeof *ctx);
+        if (ctx) {
+            ctx->dev = dev;
+            ctx->null_stream.ctx = ctx;
+        }
+        devices[dev].primary = ctx;
+    }
+    if (devices[dev].primary)
+        devices[dev].primary_refs++;
+    *pctx = devices[dev].primary;
+    pthread_mutex_unlock(&mu);
+    return *pctx ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* The primary context stays allocated (threads may still have it current);
+ * only its reference count drops, which is all callers can observe here. */
+SIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    CUresult rc = sim_check_device(dev);
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&mu);
+    rc = devices[dev].primary_refs > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    if (rc == CUDA_SUCCESS)
+        devices[dev].primary_refs--;
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    return cuDevicePrimaryCtxRelease_v2(dev);
+}
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    return sim_check_device(dev);
+}
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    return cuDevicePrimaryCtxReset_v2(dev);
+}
+
+/* --- memory ------------------------------------------------------------------------------ */
+
+/* Records an allocation of bytes on dev; *key gets a fresh device address
+ * (linear kinds) or handle (others). */
+static CUresult take(int dev, size_t bytes, enum alloc_kind kind, int charge,
+                     unsigned long long *key)
+{
+    if (bytes == 0)
+        return CUDA_ERROR_INVALID_VALUE;
     struct sim_alloc *a = malloc(sizeof *a);
     if (!a)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    int dev = current->dev;
     pthread_mutex_lock(&mu);
-    if (bytesize > devices[dev].total - devices[dev].used) {
+    if (charge && bytes > devices[dev].total - devices[dev].used) {
         pthread_mutex_unlock(&mu);
         free(a);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    a->ptr = devices[dev].next;
-    a->bytes = bytesize;
+    if (kind == ARRAY || kind == MIPMAP || kind == VMM) {
+        a->key = next_handle++;
+    } else {
+        a->key = devices[dev].next;
+        devices[dev].next += (bytes + ALIGN - 1) / ALIGN * ALIGN;
+    }
+    a->bytes = bytes;
     a->dev = dev;
+    a->charged = charge;
+    a->kind = kind;
     a->next = allocs;
     allocs = a;
-    devices[dev].next += (bytesize + ALIGN - 1) / ALIGN * ALIGN;
-    devices[dev].used += bytesize;
+    if (charge)
+        devices[dev].used += bytes;
     pthread_mutex_unlock(&mu);
-    *dptr = a->ptr;
+    *key = a->key;
     return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+/* Forgets the allocation; CUDA_ERROR_INVALID_VALUE if there is none. */
+static CUresult give(unsigned long long key, enum alloc_kind kind)
 {
-    CUresult rc = check_init();
+    CUresult rc = sim_check_init();
     if (rc)
         return rc;
     pthread_mutex_lock(&mu);
     struct sim_alloc **link = &allocs, *a;
-    while ((a = *link) && a->ptr != dptr)
+    while ((a = *link) && !(a->key == key && a->kind == kind))
         link = &a->next;
     if (a) {
         *link = a->next;
-        devices[a->dev].used -= a->bytes;
+        if (a->charged)
+            devices[a->dev].used -= a->bytes;
     }
     pthread_mutex_unlock(&mu);
     free(a);
     return a ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+static CUresult current_device(int *dev)
+{
+    CUresult rc = sim_check_init();
+    if (rc)
+        return rc;
+    if (!sim_current)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *dev = sim_current->dev;
+    return CUDA_SUCCESS;
+}
+
+static CUresult alloc_linear(CUdeviceptr *dptr, size_t bytes, enum alloc_kind kind)
+{
+    int dev;
+    CUresult rc = current_device(&dev);
+    if (rc || !dptr)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    return take(dev, bytes, kind, 1, dptr);
+}
+
+SIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    return alloc_linear(dptr, bytesize, LINEAR);
+}
+
+/* Legacy 32-bit pointers cannot hold the simulated addresses (as on a real 64-bit GPU). */
+SIM_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
+{
+    (void)dptr;
+    (void)bytesize;
+    return sim_check_init() ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_NOT_SUPPORTED;
+}
+
+SIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t width,
+                                       size_t height, unsigned int elementSize)
+{
+    if (!pPitch || width == 0 || height == 0 ||
+        (elementSize != 4 && elementSize != 8 && elementSize != 16))
+        return sim_check_init() ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_INVALID_VALUE;
+    size_t pitch = (width + ALIGN - 1) / ALIGN * ALIGN;
+    CUresult rc = alloc_linear(dptr, pitch * height, LINEAR);
+    if (rc == CUDA_SUCCESS)
+        *pPitch = pitch;
+    return rc;
+}
+
+SIM_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch,
+                                    unsigned int width, unsigned int height,
+                                    unsigned int elementSize)
+{
+    (void)dptr, (void)pPitch, (void)width, (void)height, (void)elementSize;
+    return sim_check_init() ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_NOT_SUPPORTED;
+}
+
+SIM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    if (flags != CU_MEM_ATTACH_GLOBAL && flags != 0x2 /* CU_MEM_ATTACH_HOST */)
+        return sim_check_init() ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_INVALID_VALUE;
+    return alloc_linear(dptr, bytesize, LINEAR);
+}
+
+SIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    return give(dptr, LINEAR);
+}
+
+SIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
+    CUresult rc = sim_check_init();
+    if (rc)
+        return rc;
+    rc = CUDA_ERROR_NOT_FOUND;
+    pthread_mutex_lock(&mu);
+    for (struct sim_alloc *a = allocs; a; a = a->next) {
+        if (a->kind == ARRAY || a->kind == MIPMAP || a->kind == VMM)
+            continue;
+        if (dptr >= a->key && dptr - a->key < a->bytes) {
+            if (pbase)
+                *pbase = a->key;
+            if (psize)
+                *psize = a->bytes;
+            rc = CUDA_SUCCESS;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
 SIM_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {
-    CUresult rc = check_init();
+    int dev;
+    CUresult rc = current_device(&dev);
     if (rc || !free_bytes || !total_bytes)
         return rc ? rc : CUDA_ERROR_INVALID_VALUE;
-    if (!current)
-        return CUDA_ERROR_INVALID_CONTEXT;
     pthread_mutex_lock(&mu);
-    *free_bytes = devices[current->dev].total - devices[current->dev].used;
-    *total_bytes = devices[current->dev].total;
+    *free_bytes = devices[dev].total - devices[dev].used;
+    *total_bytes = devices[dev].total;
     pthread_mutex_unlock(&mu);
     return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes)
+{
+    size_t f, t;
+    CUresult rc = cuMemGetInfo_v2(&f, &t);
+    if (rc == CUDA_SUCCESS) {
+        *free_bytes = f > 0xffffffffu ? 0xffffffffu : (unsigned int)f;
+        *total_bytes = t > 0xffffffffu ? 0xffffffffu : (unsigned int)t;
+    }
+    return rc;
+}
+
+/* --- arrays ------------------------------------------------------------------------------ */
+
+static size_t format_bytes(CUarray_format f)
+{
+    switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+        return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+        return 2;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT:
+        return 4;
+    }
+    return 0;
+}
+
+static size_t array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned channels)
+{
+    size_t e = format_bytes(f);
+    if (!e || w == 0 || (channels != 1 && channels != 2 && channels != 4))
+        return 0;
+    return w * (h ? h : 1) * (d ? d : 1) * e * channels;
+}
+
+static CUresult new_array(void **handle, size_t bytes, enum alloc_kind kind)
+{
+    int dev;
+    unsigned long long key;
+    CUresult rc = current_device(&dev);
+    if (rc || !handle || bytes == 0)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    rc = take(dev, bytes, kind, 1, &key);
+    if (rc == CUDA_SUCCESS)
+        *handle = (void *)(uintptr_t)key;
+    return rc;
+}
+
+SIM_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *d)
+{
+    size_t bytes = d ? array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels) : 0;
+    return new_array((void **)pHandle, bytes, ARRAY);
+}
+
+SIM_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    size_t bytes = d ? array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels) : 0;
+    return new_array((void **)pHandle, bytes, ARRAY);
+}
+
+SIM_EXPORT CUresult cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *d)
+{
+    (void)pHandle, (void)d;
+    return sim_check_init() ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_NOT_SUPPORTED;
+}
+
+SIM_EXPORT CUresult cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d)
+{
+    (void)pHandle, (void)d;
+    return sim_check_init() ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_NOT_SUPPORTED;
+}
+
+SIM_EXPORT CUresult cuArrayDestroy(CUarray hArray)
+{
+    return give((uint64_t)(uintptr_t)hArray, ARRAY);
+}
+
+SIM_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
+                                           const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
+{
+    size_t bytes = 0;
+    if (d && levels > 0) {
+        size_t w = d->Width, h = d->Height, z = d->Depth;
+        for (unsigned i = 0; i < levels && w; i++) {
+            bytes += array_bytes(w, h, z, d->Format, d->NumChannels);
+            w = w > 1 ? w / 2 : 1, h = h > 1 ? h / 2 : h, z = z > 1 ? z / 2 : z;
+        }
+    }
+    return new_array((void **)pHandle, bytes, MIPMAP);
+}
+
+SIM_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray h)
+{
+    return give((uint64_t)(uintptr_t)h, MIPMAP);
+}
+
+/* --- stream-ordered allocation and pools ------------------------------------------------- */
+
+SIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    (void)hStream;
+    return alloc_linear(dptr, bytesize, POOL);
+}
+
+SIM_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    return cuMemAllocAsync(dptr, bytesize, hStream);
+}
+
+SIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                            CUstream hStream)
+{
+    (void)hStream;
+    CUresult rc = sim_check_init();
+    if (rc || !dptr || !pool)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    return take(pool->dev, bytesize, POOL, 1, dptr);
+}
+
+SIM_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
+                                                 CUmemoryPool pool, CUstream hStream)
+{
+    return cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream);
+}
+
+SIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+    (void)hStream;
+    return give(dptr, POOL);
+}
+
+SIM_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
+{
+    return cuMemFreeAsync(dptr, hStream);
+}
+
+SIM_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
+{
+    CUresult rc = sim_check_init();
+    if (rc || !pool || !props || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    if ((rc = sim_check_device(props->location.id)))
+        return rc;
+    if (!(*pool = malloc(sizeof **pool)))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    (*pool)->dev = props->location.id;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    CUresult rc = sim_check_init();
+    if (rc || !pool)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    if (pool != &devices[pool->dev].default_pool)
+        free(pool);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    CUresult rc = sim_check_device(dev);
+    if (rc || !pool)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    *pool = &devices[dev].default_pool;
+    return CUDA_SUCCESS;
+}
+
+/* --- virtual memory management ----------------------------------------------------------- */
+
+SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                                const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    CUresult rc = sim_check_init();
+    if (rc || !handle || !prop || flags || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    if ((rc = sim_check_device(prop->location.id)))
+        return rc;
+    if (size % (2 * MIB)) /* the granularity the real driver reports for device memory */
+        return CUDA_ERROR_INVALID_VALUE;
+    return take(prop->location.id, size, VMM, 1, handle);
+}
+
+SIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    return give(handle, VMM);
+}
+
+SIM_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
+                                        CUdeviceptr addr, unsigned long long flags)
+{
+    (void)alignment, (void)addr, (void)flags;
+    CUresult rc = sim_check_init();
+    if (rc || !ptr || size == 0)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    static CUdeviceptr next_va = 0x7f0000000000ull;
+    *ptr = next_va;
+    next_va += (size + 2 * MIB - 1) / (2 * MIB) * (2 * MIB);
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    (void)ptr, (void)size;
+    return sim_check_init();
+}
+
+SIM_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                             CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    (void)ptr, (void)size, (void)offset, (void)handle, (void)flags;
+    return sim_check_init();
+}
+
+SIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    (void)ptr, (void)size;
+    return sim_check_init();
+}
+
+/* --- inter-process memory ---------------------------------------------------------------- */
+
+struct ipc_payload {
+    uint64_t magic, bytes;
+    int32_t dev;
+};
+
+SIM_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
+{
+    CUdeviceptr base;
+    size_t size;
+    CUresult rc = cuMemGetAddressRange_v2(&base, &size, dptr);
+    if (rc || !pHandle)
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev = (int)(base >> 40) - 1;
+    struct ipc_payload p = {.magic = IPC_MAGIC, .bytes = size, .dev = dev};
+    memset(pHandle, 0, sizeof *pHandle);
+    memcpy(pHandle->reserved, &p, sizeof p);
+    memcpy(pHandle->reserved + 32, &base, sizeof base); /* makes each handle distinct */
+    return CUDA_SUCCESS;
+}
+
+/* Opening maps the exporter's memory: it takes no new device memory. */
+SIM_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                                          unsigned int flags)
+{
+    (void)flags;
+    struct ipc_payload p;
+    memcpy(&p, handle.reserved, sizeof p);
+    CUresult rc = sim_check_init();
+    if (rc || !pdptr || p.magic != IPC_MAGIC || sim_check_device(p.dev) != CUDA_SUCCESS)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    return take(p.dev, p.bytes, IMPORT, 0, pdptr);
+}
+
+SIM_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                                       unsigned int flags)
+{
+    return cuIpcOpenMemHandle_v2(pdptr, handle, flags);
+}
+
+SIM_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+    return give(dptr, IMPORT);
 }

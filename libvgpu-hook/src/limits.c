@@ -111,6 +111,10 @@ int vgpu_limits_parse(FILE *f, const char *path, struct vgpu_limits *out, char *
                 FAIL(line, "device_count: '%.32s' is not a number from 0 to %d", val,
                      VGPU_MAX_DEVICES);
             out->device_count = (int)v;
+        } else if (strcmp(key, "context_overhead_mib") == 0) {
+            ONCE(out->line_of_context_overhead, key);
+            if (vgpu_parse_u64(val, VGPU_MAX_MEMORY_MIB, &out->context_overhead_mib) != 0)
+                FAIL(line, "context_overhead_mib: '%.32s' is not a whole number of MiB", val);
         } else if (strcmp(key, "namespace") == 0) {
             ONCE(line_of_ns, key);
             COPY(out->namespace_, val, key);

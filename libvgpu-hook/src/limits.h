@@ -14,7 +14,7 @@
 struct vgpu_device_limits {
     char uuid[128];
     uint64_t memory_limit_mib; /* 0 = unlimited */
-    unsigned cores;            /* 0-100; parsed and kept, not enforced yet */
+    unsigned cores;            /* 0-100; 0 = no compute limit */
     int line_of_uuid, line_of_memory, line_of_cores; /* 0 = key absent */
     int first_line; /* first line naming this device, 0 if none */
 };
@@ -22,6 +22,8 @@ struct vgpu_device_limits {
 struct vgpu_limits {
     unsigned version;
     int device_count;
+    uint64_t context_overhead_mib; /* optional; charged per CUDA context */
+    int line_of_context_overhead;  /* 0 = key absent */
     char namespace_[254], pod[254], container[254];
     struct vgpu_device_limits devices[VGPU_MAX_DEVICES];
 };

@@ -67,6 +67,9 @@ static void test_minimal_files(void)
     CHECK(limits.devices[0].memory_limit_mib == 1);
     CHECK(parse("device.0.memory_limit_mib=17592186044415\ndevice_count=1\nversion=1\n") == 0);
     CHECK(limits.devices[0].memory_limit_mib == VGPU_MAX_MEMORY_MIB);
+    CHECK(limits.line_of_context_overhead == 0);
+    CHECK(parse(HEAD "device.0.memory_limit_mib=1\ncontext_overhead_mib=300\n") == 0);
+    CHECK(limits.context_overhead_mib == 300 && limits.line_of_context_overhead == 4);
 }
 
 static void test_malformed_lines(void)
@@ -95,6 +98,8 @@ static void test_malformed_lines(void)
                  "/run/limits:3: device index 64 out of range (at most 64 devices)");
     expect_error(HEAD "device.0.memory_limit_mib=1\ndevice.0.memory_limit_mib=2\n",
                  "/run/limits:4: duplicate key 'device.0.memory_limit_mib' (first set on line 3)");
+    expect_error(HEAD "device.0.memory_limit_mib=1\ncontext_overhead_mib=lots\n",
+                 "/run/limits:4: context_overhead_mib: 'lots' is not a whole number of MiB");
     expect_error("version=1\nversion=1\n",
                  "/run/limits:2: duplicate key 'version' (first set on line 1)");
 }

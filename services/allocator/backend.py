@@ -1,7 +1,8 @@
-"""The cluster seam: bind pods and annotate them. Kubernetes comes later behind the same seam.
+"""The cluster seam: bind pods, annotate them, tell people why a pod waits.
 
 ``LocalClusterBackend`` is a small in-memory API server for `vgpu up` and tests: it knows only
 pods it was given with ``add_pod`` and refuses to bind or annotate others, as the real one does.
+``kube.KubernetesBackend`` speaks to a real API server with the ``kubernetes`` client.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ class ClusterBackend(Protocol):
 
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
+    async def emit_event(
+        self, namespace: str, name: str, uid: str, reason: str, message: str
+    ) -> None: ...
+
 
 def pod_key(pod: dict[str, Any]) -> tuple[str, str]:
     metadata = pod.get("metadata")
@@ -35,6 +40,7 @@ def pod_key(pod: dict[str, Any]) -> tuple[str, str]:
 class LocalClusterBackend:
     def __init__(self) -> None:
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.events: list[dict[str, str]] = []  # what a real API server would keep as Events
 
     def add_pod(self, pod: dict[str, Any]) -> None:
         """Make a pod known (a copy is kept); replaces a pod of the same namespace/name."""
@@ -84,3 +90,11 @@ class LocalClusterBackend:
     def annotations_of(self, namespace: str, name: str) -> dict[str, str]:
         pod = self._pods.get((namespace, name))
         return {} if pod is None else dict(pod["metadata"]["annotations"])
+
+    async def emit_event(
+        self, namespace: str, name: str, uid: str, reason: str, message: str
+    ) -> None:
+        self.events.append(
+            {"namespace": namespace, "name": name, "uid": uid, "reason": reason, "message": message}
+        )
+        del self.events[:-1000]  # bounded, like the API server's event TTL

@@ -1,41 +1,55 @@
-"""The placement engine: filter, prioritize, bind, claim and hint, with no wire format.
+"""The allocator's engine: the placement core plus the cluster, the journal and events.
 
-Used by the scheduler extender now and by simulators and benchmarks later. Filter and
-prioritize only look; bind places again and records in one synchronous step (no await in
-between), so two binds racing for the same GPU can never both win.
+Filter and prioritize only look (core.py). Bind places and records in one synchronous step,
+makes the record durable (journal.py, compare-and-set per node), then annotates and binds
+the pod in the cluster; any failure after the record rolls it back. Claims and hints serve
+the node agents. Nothing here knows HTTP or NATS subjects' payload formats beyond the schemas.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any, Literal, Protocol
 
 import msgspec
 
 from services.common import subjects
-from services.common.resources import RequestError, container_requests
+from services.common.resources import RequestError
 from services.common.schemas import (
     AllocationEvent,
     ContainerAllocation,
-    ContainerRequest,
-    GpuDevice,
+    NodeInventory,
     PodAllocation,
 )
 
 from .backend import ClusterBackend
-from .inventory import InventoryStore
+from .cluster import ClusterState
+from .core import FilterOutcome, PlacementCore, PodRef, Unplaceable, pod_ref
+from .journal import Journal, JournalError, LostRace
 from .ledger import Ledger
-from .placement import NoFit, capacity_problem, never_fits, place, place_on
+from .placement import NoFit, overbooked, pod_charges, slices_on
+from .pod_request import PodRequest
 
 log = logging.getLogger("vgpu.allocator")
 
 ALLOCATION_ANNOTATION = "vgpu.io/allocation"
 MAX_SCORE = 10
 POD_CACHE_SIZE = 4096  # pods seen in filter, kept for bind; bounded so floods cannot grow it
+BIND_ATTEMPTS = 3  # re-placements after losing a race with another replica
 
 EventKind = Literal["bound", "claimed", "released"]
+
+__all__ = [
+    "ALLOCATION_ANNOTATION",
+    "BindError",
+    "ClaimError",
+    "FilterOutcome",
+    "PlacementEngine",
+    "PodRef",
+    "pod_ref",
+]
 
 
 class EventSink(Protocol):
@@ -50,60 +64,29 @@ class ClaimError(Exception):
     """A claim was refused; the message names the pod, container or GPUs at fault."""
 
 
-@dataclass(frozen=True)
-class PodRef:
-    namespace: str
-    name: str
-    uid: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-def pod_ref(pod: dict[str, Any]) -> PodRef:
-    metadata = pod.get("metadata") or {}
-    return PodRef(
-        namespace=metadata.get("namespace") or "default",
-        name=metadata.get("name") or "",
-        uid=metadata.get("uid") or "",
-    )
-
-
-def pod_requests(pod: dict[str, Any]) -> list[ContainerRequest]:
-    """The pod's GPU requests; RequestError when malformed (duplicate names included)."""
-    requests = container_requests(pod)
-    seen: set[str] = set()
-    for request in requests:
-        if request.container in seen:
-            raise RequestError(f"container name {request.container!r} is used twice in the pod")
-        seen.add(request.container)
-    return requests
-
-
-@dataclass
-class FilterOutcome:
-    passed: list[str] = field(default_factory=list)
-    failed: dict[str, str] = field(default_factory=dict)
-    unresolvable: dict[str, str] = field(default_factory=dict)
-
-
-def _unique(names: list[str]) -> list[str]:
-    return list(dict.fromkeys(names))
+def annotation_value(allocation: PodAllocation) -> str:
+    """The pod annotation: {"<container>": [GpuSlice...]} — by name, for people and rebuilds."""
+    return msgspec.json.encode(
+        {c.container: c.slices for c in allocation.containers.values()}
+    ).decode()
 
 
 class PlacementEngine:
     def __init__(
         self,
-        inventory: InventoryStore,
-        ledger: Ledger,
+        core: PlacementCore,
         backend: ClusterBackend,
         events: EventSink | None = None,
+        journal: Journal | None = None,
     ) -> None:
-        self.inventory = inventory
-        self.ledger = ledger
+        self.core = core
+        self.cluster: ClusterState = core.cluster
+        self.ledger: Ledger = core.ledger
         self.backend = backend
+        self.journal = journal or Journal(core.ledger)
         self._events = events
         self._seen_pods: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._observed: OrderedDict[str, None] = OrderedDict()
 
     def set_event_sink(self, events: EventSink | None) -> None:
         self._events = events
@@ -117,116 +100,114 @@ class PlacementEngine:
         while len(self._seen_pods) > POD_CACHE_SIZE:
             self._seen_pods.popitem(last=False)
 
-    # -- filter / prioritize ------------------------------------------------------------
+    def _observe_once(self, uid: str, request: PodRequest) -> None:
+        """Count each pod once in the workload mix, however often it is retried."""
+        if not uid or uid in self._observed:
+            return
+        self._observed[uid] = None
+        while len(self._observed) > POD_CACHE_SIZE:
+            self._observed.popitem(last=False)
+        self.core.observe(request)
+
+    # -- inventory ------------------------------------------------------------------------
+
+    def on_inventory(self, inventory: NodeInventory) -> bool:
+        """Take a node agent's inventory; True when the node's GPUs changed (or are new)."""
+        changed = self.cluster.update(inventory)
+        if changed:
+            self.ledger.reapply(inventory.node)  # usage of GPUs the node lists now
+        return changed
+
+    # -- filter / prioritize ------------------------------------------------------------------
 
     def filter(self, pod: dict[str, Any], node_names: list[str]) -> FilterOutcome:
         """Which nodes could take the pod now; reasons for the others."""
         self._remember(pod)
-        names = _unique(node_names)
-        outcome = FilterOutcome()
         try:
-            requests = pod_requests(pod)
+            request = self.core.parse(pod)
         except RequestError as exc:
-            outcome.unresolvable = {node: f"invalid GPU request: {exc}" for node in names}
-            return outcome
-        if not requests:
-            outcome.passed = names  # no GPU asked: not ours to judge
-            return outcome
-        never = never_fits(requests, self.inventory.all_gpus())
-        if never:
-            outcome.unresolvable = dict.fromkeys(names, never)
-            return outcome
-        for node in names:
-            status = self.inventory.status(node)
-            if not status.available or status.gpus is None:
-                outcome.failed[node] = status.reason
-                continue
-            problem = capacity_problem(requests, status.gpus)
-            if problem is not None:
-                outcome.unresolvable[node] = f"node {node!r} can never hold it: {problem}"
-                continue
-            try:
-                place(requests, status.gpus, self.ledger.reserved(node))
-            except NoFit as exc:
-                outcome.failed[node] = f"node {node!r}: {exc}"
-                continue
-            outcome.passed.append(node)
+            names = list(dict.fromkeys(node_names))
+            return FilterOutcome(unresolvable={n: f"invalid GPU request: {exc}" for n in names})
+        uid = pod_ref(pod).uid
+        if request.containers:
+            self._observe_once(uid, request)
+        outcome = self.core.filter(request, node_names)
+        placed = self.ledger.get(uid)
+        if placed is not None and placed.node in node_names and placed.node not in outcome.passed:
+            # Already placed there (a bind whose answer was lost): its own slices hold the room.
+            outcome.failed.pop(placed.node, None)
+            outcome.unresolvable.pop(placed.node, None)
+            outcome.passed.append(placed.node)
         return outcome
 
     def prioritize(self, pod: dict[str, Any], node_names: list[str]) -> dict[str, int]:
-        """Scores 0..10: binpack, the fuller the node's GPU memory after placing, the higher."""
-        names = _unique(node_names)
         try:
-            requests = pod_requests(pod)
+            request = self.core.parse(pod)
         except RequestError:
-            requests = []
-        if not requests:
-            return dict.fromkeys(names, 0)
-        return {node: self._binpack_score(node, requests) for node in names}
-
-    def _binpack_score(self, node: str, requests: list[ContainerRequest]) -> int:
-        status = self.inventory.status(node)
-        if not status.available or not status.gpus:
-            return 0
-        reserved = self.ledger.reserved(node)
-        try:
-            placed = place(requests, status.gpus, reserved)
-        except NoFit:
-            return 0
-        total = sum(gpu.memory_mib for gpu in status.gpus)
-        used = sum(reserved[g.uuid].memory_mib for g in status.gpus if g.uuid in reserved)
-        used += sum(piece.memory_mib for slices in placed.values() for piece in slices)
-        return max(0, min(MAX_SCORE, round(MAX_SCORE * used / total))) if total else 0
+            return dict.fromkeys(dict.fromkeys(node_names), 0)
+        scores = self.core.prioritize(request, node_names)
+        placed = self.ledger.get(pod_ref(pod).uid)
+        if placed is not None and placed.node in scores:
+            scores[placed.node] = MAX_SCORE
+        return scores
 
     # -- bind -----------------------------------------------------------------------------
+
+    async def _pod_for_bind(self, ref: PodRef) -> dict[str, Any]:
+        pod = self._seen_pods.get(ref.uid)
+        if pod is None:
+            try:
+                pod = await self.backend.get_pod(ref.namespace, ref.name)
+            except Exception as exc:
+                raise BindError(f"cannot read pod {ref} from the cluster: {exc}") from exc
+        if pod is None:
+            raise BindError(
+                f"pod {ref} (uid {ref.uid}) is unknown: this allocator never filtered it and "
+                f"the cluster has no such pod"
+            )
+        known_uid = pod_ref(pod).uid
+        if known_uid and known_uid != ref.uid:
+            raise BindError(f"pod {ref} now has uid {known_uid}, not {ref.uid}: it was re-created")
+        return pod
+
+    async def _cluster_node_of(self, ref: PodRef) -> str | None:
+        try:
+            pod = await self.backend.get_pod(ref.namespace, ref.name)
+        except Exception:
+            return None
+        if pod is None or pod_ref(pod).uid not in ("", ref.uid):
+            return None
+        return (pod.get("spec") or {}).get("nodeName") or None
 
     async def bind(
         self, namespace: str, name: str, uid: str, node: str, traceparent: str = ""
     ) -> PodAllocation | None:
-        """Place the pod on `node`, record it, tell the cluster; None for a pod with no GPU."""
+        """Place the pod on `node`, record it durably, tell the cluster; None for no GPU."""
         ref = PodRef(namespace, name, uid)
         if not uid:
             raise BindError(f"pod {ref}: a bind needs the pod's uid")
         existing = self.ledger.get(uid)
         if existing is not None:
+            bound_to = await self._cluster_node_of(ref)
             if existing.node == node:
-                return existing  # a retried bind: already done
-            raise BindError(f"pod {ref} is already bound to node {existing.node!r}")
-        pod = self._seen_pods.get(uid)
-        if pod is None:
-            try:
-                pod = await self.backend.get_pod(namespace, name)
-            except Exception as exc:
-                raise BindError(f"cannot read pod {ref} from the cluster: {exc}") from exc
-        if pod is None:
-            raise BindError(
-                f"pod {ref} (uid {uid}) is unknown: this allocator never filtered it and "
-                f"the cluster has no such pod"
-            )
-        known_uid = pod_ref(pod).uid
-        if known_uid and known_uid != uid:
-            raise BindError(f"pod {ref} now has uid {known_uid}, not {uid}: it was re-created")
+                if bound_to != node:  # recorded, but a crash came before the binding
+                    await self._tell_cluster(ref, existing)
+                return existing
+            if bound_to is not None:
+                raise BindError(f"pod {ref} is already bound to node {existing.node!r}")
+            # Recorded by a replica that died before binding: the record is stale.
+            await self.release(uid)
+        pod = await self._pod_for_bind(ref)
         try:
-            requests = pod_requests(pod)
+            request = self.core.parse(pod)
         except RequestError as exc:
             raise BindError(f"pod {ref}: invalid GPU request: {exc}") from exc
-        if not requests:
+        if not request.containers:
             await self._cluster_bind(ref, node)
             return None
-
-        allocation = self._place_and_record(ref, node, requests, traceparent)
-        try:
-            annotation = msgspec.json.encode(
-                {c.container: c.slices for c in allocation.containers.values()}
-            ).decode()
-            await self.backend.annotate(namespace, name, {ALLOCATION_ANNOTATION: annotation})
-            await self._cluster_bind(ref, node)
-        except BindError:
-            self.ledger.release(uid)
-            raise
-        except Exception as exc:
-            self.ledger.release(uid)
-            raise BindError(f"cannot annotate pod {ref}: {exc}") from exc
+        self._observe_once(uid, request)
+        allocation = await self._record_durably(ref, node, request, traceparent)
+        await self._tell_cluster(ref, allocation)
         self._seen_pods.pop(uid, None)
         log.info(
             "pod bound",
@@ -234,6 +215,7 @@ class PlacementEngine:
                 "pod": str(ref),
                 "uid": uid,
                 "node": node,
+                "policy": allocation.policy,
                 "slices": {n: [s.uuid for s in c.slices] for n, c in allocation.containers.items()},
                 "traceparent": traceparent,
             },
@@ -241,32 +223,45 @@ class PlacementEngine:
         await self._publish(node, "bound", allocation)
         return allocation
 
-    def _place_and_record(
-        self, ref: PodRef, node: str, requests: list[ContainerRequest], traceparent: str
+    async def _record_durably(
+        self, ref: PodRef, node: str, request: PodRequest, traceparent: str
     ) -> PodAllocation:
-        # Synchronous on purpose: nothing else runs between the fit check and the record.
-        status = self.inventory.status(node)
-        if not status.available or status.gpus is None:
-            raise BindError(status.reason)
+        for _ in range(BIND_ATTEMPTS):
+            try:
+                allocation = self.core.commit(ref, node, request, traceparent)
+            except Unplaceable as exc:
+                raise BindError(str(exc)) from exc
+            self.journal.added(node, ref.uid)
+            try:
+                await self.journal.save(node, ref.uid)
+            except LostRace:
+                continue  # another replica took the room: place again on what is left
+            except JournalError as exc:
+                self.ledger.release(ref.uid)
+                self.journal.removed(node, ref.uid)
+                raise BindError(f"pod {ref}: the decision could not be stored: {exc}") from exc
+            return allocation
+        raise BindError(f"pod {ref}: node {node!r} kept filling up under concurrent binds")
+
+    async def _tell_cluster(self, ref: PodRef, allocation: PodAllocation) -> None:
+        """Annotate, then bind (so the annotation is there when the node sees the pod)."""
         try:
-            placed = place(requests, status.gpus, self.ledger.reserved(node))
-        except NoFit as exc:
-            raise BindError(f"node {node!r} no longer fits pod {ref}: {exc}") from exc
-        allocation = PodAllocation(
-            namespace=ref.namespace,
-            name=ref.name,
-            uid=ref.uid,
-            node=node,
-            containers={
-                r.container: ContainerAllocation(
-                    container=r.container, slices=placed[r.container], init=r.init
+            await self.backend.annotate(
+                ref.namespace, ref.name, {ALLOCATION_ANNOTATION: annotation_value(allocation)}
+            )
+            await self._cluster_bind(ref, allocation.node)
+        except Exception as exc:
+            self.ledger.release(ref.uid)
+            self.journal.removed(allocation.node, ref.uid)
+            try:
+                await self.journal.save(allocation.node)
+            except JournalError as store_exc:
+                log.error(
+                    "cannot undo a stored decision", extra={"uid": ref.uid, "error": str(store_exc)}
                 )
-                for r in requests
-            },
-            traceparent=traceparent,
-        )
-        self.ledger.record(allocation, {r.container: r for r in requests})
-        return allocation
+            if isinstance(exc, BindError):
+                raise
+            raise BindError(f"cannot annotate pod {ref}: {exc}") from exc
 
     async def _cluster_bind(self, ref: PodRef, node: str) -> None:
         try:
@@ -296,7 +291,7 @@ class PlacementEngine:
                 f"pod {namespace}/{pod} on node {node!r} has no GPU allocation for container "
                 f"{container!r} (containers with one: {known})"
             )
-        uuids = _unique(gpu_uuids)
+        uuids = list(dict.fromkeys(gpu_uuids))
         if not device_ids or not uuids:
             raise ClaimError(
                 f"claim for {namespace}/{pod} container {container!r} names no devices"
@@ -306,6 +301,13 @@ class PlacementEngine:
         self._follow_kubelet(allocation, decided, uuids)
         decided.device_ids = list(device_ids)
         decided.claimed = True
+        self.journal.changed(node, allocation.uid)
+        try:
+            await self.journal.save(node)
+        except JournalError as exc:
+            raise ClaimError(
+                f"pod {namespace}/{pod}: the claim could not be stored: {exc}"
+            ) from exc
         log.info(
             "container claimed",
             extra={
@@ -332,11 +334,9 @@ class PlacementEngine:
             decided.slices = [by_uuid[u] for u in uuids]
             return
         planned = [piece.uuid for piece in decided.slices]
-        gpus: dict[str, GpuDevice] = {
-            gpu.uuid: gpu for gpu in self.inventory.gpus(allocation.node) or ()
-        }
-        unknown = [u for u in uuids if u not in gpus]
-        if unknown:
+        state = self.cluster.node(allocation.node)
+        unknown = [u for u in uuids if state is None or u not in state.by_uuid]
+        if unknown or state is None:
             raise ClaimError(
                 f"{where} got GPU(s) {', '.join(unknown)}, which node {allocation.node!r} "
                 f"never reported"
@@ -344,14 +344,25 @@ class PlacementEngine:
         request = self.ledger.request_of(allocation.uid, decided.container)
         if request is None:  # recorded without its request: cannot recompute
             raise ClaimError(f"{where}: the allocator lost its request")
-        reserved = self.ledger.reserved(allocation.node, skip=(allocation.uid, decided.container))
         try:
-            slices = place_on(request, [gpus[u] for u in uuids], reserved)
+            slices = slices_on(request, [state.by_uuid[u] for u in uuids])
         except NoFit as exc:
             raise ClaimError(
                 f"{where} was given GPUs {', '.join(uuids)} by the kubelet but the allocator "
                 f"chose {', '.join(planned)}, and the given GPUs cannot take it: {exc}"
             ) from exc
+        before = self.ledger.charges_of(allocation.uid)
+        moved = {
+            **allocation.containers,
+            decided.container: msgspec.structs.replace(decided, slices=slices),
+        }
+        full = overbooked(state, before, pod_charges(moved))
+        if full:
+            raise ClaimError(
+                f"{where} was given GPUs {', '.join(uuids)} by the kubelet but the allocator "
+                f"chose {', '.join(planned)}, and the given GPUs cannot take it: "
+                f"{', '.join(full)} lack the room"
+            )
         self.ledger.move(allocation.uid, decided.container, slices)
         log.warning(
             "moved a container onto the GPUs the kubelet gave it",
@@ -376,14 +387,37 @@ class PlacementEngine:
                     return uuids
         return []
 
-    # -- release / views ------------------------------------------------------------------
+    # -- release / rebuild / views --------------------------------------------------------
 
     async def release(self, uid: str) -> PodAllocation | None:
         """Forget a pod's slices (the pod is gone); None when it was not recorded."""
         allocation = self.ledger.release(uid)
-        if allocation is not None:
-            await self._publish(allocation.node, "released", allocation)
+        if allocation is None:
+            return None
+        self.journal.removed(allocation.node, uid)
+        try:
+            await self.journal.save(allocation.node)
+        except JournalError as exc:
+            log.error("cannot store a release", extra={"uid": uid, "error": str(exc)})
+        log.info(
+            "pod released", extra={"pod": f"{allocation.namespace}/{allocation.name}", "uid": uid}
+        )
+        await self._publish(allocation.node, "released", allocation)
         return allocation
+
+    async def adopt(self, allocation: PodAllocation) -> bool:
+        """Take a decision found on a pod's annotation that the store lacks (rebuild)."""
+        if allocation.uid in self.ledger:
+            return False
+        self.ledger.record(allocation)
+        self.journal.added(allocation.node, allocation.uid)
+        try:
+            await self.journal.save(allocation.node)
+        except JournalError as exc:
+            log.error(
+                "cannot store an adopted decision", extra={"uid": allocation.uid, "error": str(exc)}
+            )
+        return True
 
     def allocations(self) -> list[PodAllocation]:
         return self.ledger.all()
@@ -393,11 +427,30 @@ class PlacementEngine:
             return
         try:
             await self._events.publish(
-                subjects.alloc_events(node),
-                AllocationEvent(kind=kind, allocation=allocation),
+                subjects.alloc_events(node), AllocationEvent(kind=kind, allocation=allocation)
             )
         except Exception as exc:  # the decision stands; listeners resync from /allocations
             log.warning(
                 "cannot publish allocation event",
                 extra={"node": node, "kind": kind, "uid": allocation.uid, "error": str(exc)},
             )
+
+
+def decode_annotation(
+    value: str, pod: Mapping[str, Any], node: str, init_names: set[str]
+) -> PodAllocation:
+    """A PodAllocation from the `vgpu.io/allocation` annotation of a bound pod (rebuild)."""
+    from services.common.schemas import GpuSlice
+
+    by_name = msgspec.json.decode(value, type=dict[str, list[GpuSlice]])
+    ref = pod_ref(pod)
+    return PodAllocation(
+        namespace=ref.namespace,
+        name=ref.name,
+        uid=ref.uid,
+        node=node,
+        containers={
+            name: ContainerAllocation(container=name, slices=slices, init=name in init_names)
+            for name, slices in by_name.items()
+        },
+    )

@@ -2,7 +2,9 @@
 
 Each verb runs in a SERVER span ``extender <verb>`` parented on the caller's ``traceparent``
 header. A malformed body is answered 400 with the field at fault; a well-formed call that
-cannot be satisfied is answered 200 with ``Error`` set, as kube-scheduler expects.
+cannot be satisfied is answered 200 with ``Error`` set, as kube-scheduler expects. Never 500:
+a bug is logged with its stack and answered 200 in the verb's own shape (``Error`` for filter
+and bind, all-zero scores for prioritize, which kube-scheduler would ignore anyway).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram,
 from services.common.tracing import context_from_headers, current_traceparent, tracer
 
 from . import wire
+from .core import FilterOutcome
 from .engine import BindError, PlacementEngine
 
 log = logging.getLogger("vgpu.allocator")
@@ -42,6 +45,8 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 VerbResult = tuple[Any, str]  # (JSON-able answer, outcome label)
 Verb = Callable[[bytes], Awaitable[VerbResult]]
 HealthCheck = Callable[[], tuple[bool, dict[str, Any]]]
+Filtered = Callable[[dict[str, Any], FilterOutcome], Awaitable[None]]
+Fallback = Callable[[bytes, str], Any]  # (body, error) -> the verb's answer after a bug
 
 
 def _json(payload: Any, status: int = 200) -> web.Response:
@@ -50,7 +55,31 @@ def _json(payload: Any, status: int = 200) -> web.Response:
     )
 
 
-def _serve_verb(name: str, verb: Verb) -> Callable[[web.Request], Awaitable[web.Response]]:
+def _filter_fallback(body: bytes, error: str) -> Any:
+    return {
+        "Nodes": None,
+        "NodeNames": None,
+        "FailedNodes": {},
+        "FailedAndUnresolvableNodes": {},
+        "Error": error,
+    }
+
+
+def _prioritize_fallback(body: bytes, error: str) -> Any:
+    try:
+        names = wire.parse_extender_args(body).node_names
+    except Exception:
+        names = []
+    return wire.host_priority_list(dict.fromkeys(names, 0))
+
+
+def _bind_fallback(body: bytes, error: str) -> Any:
+    return wire.binding_result(error)
+
+
+def _serve_verb(
+    name: str, verb: Verb, fallback: Fallback
+) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handle(request: web.Request) -> web.Response:
         headers = {key.lower(): value for key, value in request.headers.items()}
         with (
@@ -59,8 +88,10 @@ def _serve_verb(name: str, verb: Verb) -> Callable[[web.Request], Awaitable[web.
                 f"extender {name}", context=context_from_headers(headers), kind=SpanKind.SERVER
             ) as span,
         ):
+            body = b""
             try:
-                answer, outcome = await verb(await request.read())
+                body = await request.read()
+                answer, outcome = await verb(body)
             except wire.BadRequest as exc:
                 EXTENDER_CALLS.labels(verb=name, outcome="bad_request").inc()
                 span.set_status(Status(StatusCode.ERROR, str(exc)))
@@ -74,7 +105,7 @@ def _serve_verb(name: str, verb: Verb) -> Callable[[web.Request], Awaitable[web.
                 EXTENDER_CALLS.labels(verb=name, outcome="error").inc()
                 log.exception("extender verb failed", extra={"verb": name})
                 span.set_status(Status(StatusCode.ERROR, "internal error"))
-                return _json({"Error": f"internal error in {name}; see allocator logs"}, 500)
+                return _json(fallback(body, f"internal error in {name}; see allocator logs"))
             EXTENDER_CALLS.labels(verb=name, outcome=outcome).inc()
             span.set_attribute("vgpu.outcome", outcome)
             return _json(answer)
@@ -82,10 +113,17 @@ def _serve_verb(name: str, verb: Verb) -> Callable[[web.Request], Awaitable[web.
     return handle
 
 
-def build_app(engine: PlacementEngine, health: HealthCheck) -> web.Application:
+def build_app(
+    engine: PlacementEngine,
+    health: HealthCheck,
+    ready: HealthCheck | None = None,
+    on_filtered: Filtered | None = None,
+) -> web.Application:
     async def filter_verb(body: bytes) -> VerbResult:
         args = wire.parse_extender_args(body)
         outcome = engine.filter(args.pod, args.node_names)
+        if on_filtered is not None and not outcome.passed:
+            await on_filtered(args.pod, outcome)
         log.debug(
             "filter",
             extra={
@@ -123,6 +161,10 @@ def build_app(engine: PlacementEngine, health: HealthCheck) -> web.Application:
         ok, details = health()
         return _json({"status": "ok" if ok else "degraded", **details}, 200 if ok else 503)
 
+    async def readyz(_: web.Request) -> web.Response:
+        ok, details = (ready or health)()
+        return _json({"status": "ok" if ok else "not ready", **details}, 200 if ok else 503)
+
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(
             body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST}
@@ -132,10 +174,13 @@ def build_app(engine: PlacementEngine, health: HealthCheck) -> web.Application:
         return _json(engine.allocations())
 
     app = web.Application(client_max_size=MAX_BODY_BYTES)
-    app.router.add_post("/scheduler/filter", _serve_verb("filter", filter_verb))
-    app.router.add_post("/scheduler/prioritize", _serve_verb("prioritize", prioritize_verb))
-    app.router.add_post("/scheduler/bind", _serve_verb("bind", bind_verb))
+    app.router.add_post("/scheduler/filter", _serve_verb("filter", filter_verb, _filter_fallback))
+    app.router.add_post(
+        "/scheduler/prioritize", _serve_verb("prioritize", prioritize_verb, _prioritize_fallback)
+    )
+    app.router.add_post("/scheduler/bind", _serve_verb("bind", bind_verb, _bind_fallback))
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/allocations", allocations)
     return app

@@ -1,8 +1,9 @@
 """Placement decisions: one PodAllocation per pod uid, containers keyed by NAME.
 
-The ledger is the allocator's memory of what it promised; what is reserved on a GPU is the
-sum of the slices on it. It also remembers each container's request (so a claim can move a
-container onto other GPUs) and which containers were already offered as a kubelet hint.
+The ledger is the allocator's memory of what it promised, and the only writer of usage into
+the cluster state: recording a pod adds its charges (pod_charges: init containers reuse the
+app containers' slices) to its node's GPUs, releasing takes them off. It also remembers which
+containers were already offered as a kubelet hint.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from dataclasses import dataclass, field
 
 from services.common.schemas import ContainerRequest, GpuSlice, PodAllocation
 
-from .placement import Reserved
+from .cluster import Charge, ClusterState
+from .placement import pod_charges
 
 
 class LedgerError(ValueError):
@@ -22,30 +24,80 @@ class LedgerError(ValueError):
 class _Entry:
     allocation: PodAllocation
     requests: dict[str, ContainerRequest]
+    charges: dict[str, Charge]
+    cpu_milli: int = 0
+    memory_mib: int = 0
     hinted: set[str] = field(default_factory=set)
 
 
+def derived_request(allocation: PodAllocation, container: str) -> ContainerRequest | None:
+    """A request that yields the recorded slices again (for records rebuilt from storage)."""
+    decided = allocation.containers.get(container)
+    if decided is None or not decided.slices:
+        return None
+    first = decided.slices[0]
+    return ContainerRequest(
+        container=container,
+        gpus=len(decided.slices),
+        memory_mib=first.memory_mib,
+        cores=first.cores,
+        init=decided.init,
+    )
+
+
 class Ledger:
-    def __init__(self) -> None:
+    def __init__(self, cluster: ClusterState) -> None:
+        self.cluster = cluster
         self._pods: dict[str, _Entry] = {}  # insertion order = bind order
         self._by_node: dict[str, dict[str, _Entry]] = {}
 
-    def record(self, allocation: PodAllocation, requests: dict[str, ContainerRequest]) -> None:
+    def record(
+        self,
+        allocation: PodAllocation,
+        requests: dict[str, ContainerRequest] | None = None,
+        cpu_milli: int = 0,
+        memory_mib: int = 0,
+    ) -> None:
         if allocation.uid in self._pods:
             raise LedgerError(f"pod uid {allocation.uid} is already recorded")
-        entry = _Entry(allocation, requests)
+        entry = _Entry(
+            allocation,
+            dict(requests or {}),
+            pod_charges(allocation.containers),
+            cpu_milli,
+            memory_mib,
+        )
         self._pods[allocation.uid] = entry
         self._by_node.setdefault(allocation.node, {})[allocation.uid] = entry
+        self.cluster.charge(allocation.node, entry.charges, cpu_milli, memory_mib, +1)
 
     def release(self, uid: str) -> PodAllocation | None:
         entry = self._pods.pop(uid, None)
         if entry is None:
             return None
-        on_node = self._by_node.get(entry.allocation.node, {})
+        node = entry.allocation.node
+        on_node = self._by_node.get(node, {})
         on_node.pop(uid, None)
         if not on_node:
-            self._by_node.pop(entry.allocation.node, None)
+            self._by_node.pop(node, None)
+        self.cluster.charge(node, entry.charges, entry.cpu_milli, entry.memory_mib, -1)
         return entry.allocation
+
+    def replace(self, allocation: PodAllocation) -> None:
+        """Take another replica's version of a pod's record (claims, moves)."""
+        old = self._pods.get(allocation.uid)
+        hinted = old.hinted if old is not None else set()
+        requests = old.requests if old is not None else {}
+        cpu, memory = (old.cpu_milli, old.memory_mib) if old is not None else (0, 0)
+        self.release(allocation.uid)
+        self.record(allocation, requests, cpu, memory)
+        self._pods[allocation.uid].hinted = hinted
+
+    def reapply(self, node: str) -> None:
+        """Recompute a node's usage from its records (its GPUs changed, or it came back)."""
+        self.cluster.reset_usage(node)
+        for entry in self._by_node.get(node, {}).values():
+            self.cluster.charge(node, entry.charges, entry.cpu_milli, entry.memory_mib, +1)
 
     def get(self, uid: str) -> PodAllocation | None:
         entry = self._pods.get(uid)
@@ -53,7 +105,13 @@ class Ledger:
 
     def request_of(self, uid: str, container: str) -> ContainerRequest | None:
         entry = self._pods.get(uid)
-        return None if entry is None else entry.requests.get(container)
+        if entry is None:
+            return None
+        return entry.requests.get(container) or derived_request(entry.allocation, container)
+
+    def charges_of(self, uid: str) -> dict[str, Charge]:
+        entry = self._pods.get(uid)
+        return {} if entry is None else dict(entry.charges)
 
     def find(self, node: str, namespace: str, name: str) -> PodAllocation | None:
         """The most recently bound pod of that name on that node."""
@@ -66,21 +124,24 @@ class Ledger:
         """In bind order."""
         return [entry.allocation for entry in self._by_node.get(node, {}).values()]
 
-    def reserved(self, node: str, skip: tuple[str, str] | None = None) -> dict[str, Reserved]:
-        """Memory and compute promised per GPU uuid on `node`, leaving out (uid, container)."""
-        totals: dict[str, Reserved] = {}
-        for uid, entry in self._by_node.get(node, {}).items():
-            for name, container in entry.allocation.containers.items():
-                if (uid, name) == skip:
-                    continue
-                for piece in container.slices:
-                    totals[piece.uuid] = totals.get(piece.uuid, Reserved()).plus(
-                        piece.memory_mib, piece.cores
-                    )
+    def nodes(self) -> list[str]:
+        return list(self._by_node)
+
+    def reserved(self, node: str) -> dict[str, Charge]:
+        """What is promised per GPU uuid on `node` (memory, compute, task slots)."""
+        totals: dict[str, Charge] = {}
+        for entry in self._by_node.get(node, {}).values():
+            for uuid, charge in entry.charges.items():
+                totals[uuid] = totals.get(uuid, Charge()) + charge
         return totals
 
     def move(self, uid: str, container: str, slices: list[GpuSlice]) -> None:
-        self._pods[uid].allocation.containers[container].slices = slices
+        entry = self._pods[uid]
+        node = entry.allocation.node
+        self.cluster.charge(node, entry.charges, 0, 0, -1)
+        entry.allocation.containers[container].slices = slices
+        entry.charges = pod_charges(entry.allocation.containers)
+        self.cluster.charge(node, entry.charges, 0, 0, +1)
 
     def mark_hinted(self, uid: str, container: str) -> None:
         self._pods[uid].hinted.add(container)
@@ -94,3 +155,6 @@ class Ledger:
 
     def __len__(self) -> int:
         return len(self._pods)
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self._pods

@@ -1,41 +1,45 @@
-"""Where a pod's containers go on one node: first-fit on GPU memory. Pure, no I/O.
+"""Where a pod's containers go on one node. Pure: no I/O, no clock.
 
-Each container needs ``gpus`` distinct healthy GPUs, each with enough free memory and free
-compute share (100 per GPU). Containers of one pod reserve cumulatively, init containers
-included (they are not yet allowed to hand their slices on to the app containers).
+Fit is the same for every policy: each container needs ``gpus`` distinct healthy GPUs that
+the pod's selection allows, each with the slice's memory, compute share (100 per GPU) and one
+task slot free. The policy only ranks the sets that fit.
+
+Init containers run one after another before the app containers, and the kubelet hands an
+init container's devices on to the app containers, so a pod holds on each GPU the larger of
+(sum of its app containers' slices) and (the largest init container slice): init containers
+ride for free on what the app containers get whenever they fit inside it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-
-import msgspec
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from services.common.resources import GPU, GPU_CORES, GPU_MEMORY, GPU_MEMORY_PERCENT
-from services.common.schemas import ContainerRequest, GpuDevice, GpuSlice
+from services.common.schemas import ContainerAllocation, ContainerRequest, GpuSlice
 
-FULL_COMPUTE = 100
+from .cluster import FULL_COMPUTE, Charge, GpuState, NodeState
+from .pod_request import NUMA_BIND, PodRequest
+from .policies import Policy, ScoreContext, Trial
 
-
-@dataclass(frozen=True)
-class Reserved:
-    """What is already promised on one GPU."""
-
-    memory_mib: int = 0
-    cores: int = 0
-
-    def plus(self, memory_mib: int, cores: int) -> Reserved:
-        return Reserved(self.memory_mib + memory_mib, self.cores + cores)
+_ZERO = Charge()
+MAX_COMBINATIONS = 128  # beyond this many GPU sets, choose greedily GPU by GPU
 
 
 class NoFit(Exception):
     """A container cannot be placed; the message names the container and its request."""
 
-    def __init__(self, request: ContainerRequest, detail: str) -> None:
+    def __init__(self, request: ContainerRequest | None, detail: str) -> None:
         self.request = request
         self.detail = detail
-        super().__init__(f"container {request.container!r} ({describe_request(request)}) {detail}")
+        if request is None:
+            super().__init__(detail)
+        else:
+            super().__init__(
+                f"container {request.container!r} ({describe_request(request)}) {detail}"
+            )
 
 
 def describe_request(request: ContainerRequest) -> str:
@@ -51,15 +55,7 @@ def describe_request(request: ContainerRequest) -> str:
     return ", ".join(parts)
 
 
-def memory_needed(request: ContainerRequest, gpu: GpuDevice) -> int:
-    if request.memory_mib:
-        return request.memory_mib
-    if request.memory_percent:
-        return gpu.memory_mib * request.memory_percent // 100
-    return gpu.memory_mib  # neither given: the whole card's memory
-
-
-def _need_text(request: ContainerRequest) -> str:
+def need_text(request: ContainerRequest) -> str:
     if request.memory_mib:
         memory = f"{request.memory_mib} MiB"
     elif request.memory_percent:
@@ -71,108 +67,242 @@ def _need_text(request: ContainerRequest) -> str:
     return f"{request.gpus} {plural} each with {memory}{compute}"
 
 
-def _has_room(request: ContainerRequest, gpu: GpuDevice, reserved: Reserved) -> bool:
+def memory_needed(request: ContainerRequest, gpu: GpuState) -> int:
+    """MiB of one slice: as asked, a share of the card (after the reserve), or all of it."""
+    if request.memory_mib:
+        return request.memory_mib
+    if request.memory_percent:
+        return gpu.base_memory_mib * request.memory_percent // 100
+    return gpu.base_memory_mib
+
+
+def slice_charge(request: ContainerRequest, gpu: GpuState) -> Charge:
+    return Charge(memory_needed(request, gpu), request.cores, 1)
+
+
+def _max(a: Charge, b: Charge) -> Charge:
+    return Charge(max(a.memory_mib, b.memory_mib), max(a.cores, b.cores), max(a.slots, b.slots))
+
+
+def pod_charges(containers: Mapping[str, ContainerAllocation]) -> dict[str, Charge]:
+    """What a pod holds per GPU: max(sum of app slices, largest init slice), per resource."""
+    app: dict[str, Charge] = {}
+    init: dict[str, Charge] = {}
+    for container in containers.values():
+        for piece in container.slices:
+            charge = Charge(piece.memory_mib, piece.cores, 1)
+            if container.init:
+                init[piece.uuid] = _max(init.get(piece.uuid, Charge()), charge)
+            else:
+                app[piece.uuid] = app.get(piece.uuid, Charge()) + charge
+    return {
+        uuid: _max(app.get(uuid, Charge()), init.get(uuid, Charge()))
+        for uuid in dict.fromkeys([*app, *init])
+    }
+
+
+def _within(gpu: GpuState, used: Charge) -> bool:
     return (
-        gpu.memory_mib - reserved.memory_mib >= memory_needed(request, gpu)
-        and FULL_COMPUTE - reserved.cores >= request.cores
+        used.memory_mib <= gpu.memory_mib and used.cores <= FULL_COMPUTE and used.slots <= gpu.slots
     )
 
 
-def _slice(request: ContainerRequest, gpu: GpuDevice) -> GpuSlice:
-    return GpuSlice(
-        uuid=gpu.uuid, index=gpu.index, memory_mib=memory_needed(request, gpu), cores=request.cores
-    )
+@dataclass
+class NodePlacement:
+    node: str
+    slices: dict[str, list[GpuSlice]]  # container name -> slices, in the pod's order
+    charges: dict[str, Charge]  # GPU uuid -> what the pod holds there
+    trial: Trial = field(repr=False)
 
 
-def _no_room(request: ContainerRequest, gpus: Sequence[GpuDevice], roomy: int) -> NoFit:
-    unhealthy = sum(not g.healthy for g in gpus)
-    sick = f", {unhealthy} unhealthy" if unhealthy else ""
-    return NoFit(
-        request,
-        f"needs {_need_text(request)} free; {roomy} of {len(gpus)} GPUs have that room{sick}",
-    )
+class _Placer:
+    """Places one pod's containers on one node, app containers first, then init containers."""
 
+    def __init__(
+        self, node: NodeState, pod: PodRequest, policy: Policy, ctx: ScoreContext, empty: bool
+    ) -> None:
+        self.node = node
+        self.pod = pod
+        self.policy = policy
+        self.ctx = ctx
+        self.empty = empty
+        self.app: dict[str, Charge] = {}
+        self.init: dict[str, Charge] = {}
+        self.trial = Trial(node, extra={}, empty=empty)
 
-def _place_one(
-    request: ContainerRequest, gpus: Sequence[GpuDevice], reserved: Mapping[str, Reserved]
-) -> list[GpuSlice]:
-    chosen = [
-        gpu
-        for gpu in gpus
-        if gpu.healthy and _has_room(request, gpu, reserved.get(gpu.uuid, Reserved()))
-    ]
-    if len(chosen) < request.gpus:
-        raise _no_room(request, gpus, len(chosen))
-    return [_slice(request, gpu) for gpu in chosen[: request.gpus]]
+    def _base(self, gpu: GpuState) -> Charge:
+        return Charge() if self.empty else gpu.used
 
+    def _add(self, request: ContainerRequest, gpu: GpuState) -> Charge | None:
+        """The extra charge of one more slice of `request` on `gpu`, or None if it won't fit.
 
-def _reserve(reserved: dict[str, Reserved], slices: Iterable[GpuSlice]) -> None:
-    for piece in slices:
-        reserved[piece.uuid] = reserved.get(piece.uuid, Reserved()).plus(
-            piece.memory_mib, piece.cores
+        Plain integers on purpose: this runs for every GPU of every node a new shape meets."""
+        need = memory_needed(request, gpu)
+        cores = request.cores
+        uuid = gpu.uuid
+        am, ac, an = self.app.get(uuid) or _ZERO
+        im, ic, inn = self.init.get(uuid) or _ZERO
+        if request.init:
+            im, ic, inn = max(im, need), max(ic, cores), max(inn, 1)
+        else:
+            am, ac, an = am + need, ac + cores, an + 1
+        tm, tc, tn = max(am, im), max(ac, ic), max(an, inn)
+        um, uc, un = _ZERO if self.empty else gpu.used
+        if um + tm > gpu.memory_mib or uc + tc > FULL_COMPUTE or un + tn > gpu.slots:
+            return None
+        em, ec, en = self.trial.extra.get(uuid) or _ZERO
+        return Charge(tm - em, tc - ec, tn - en)
+
+    def _record(self, request: ContainerRequest, gpus: Sequence[GpuState]) -> list[GpuSlice]:
+        slices = []
+        for gpu in gpus:
+            need = slice_charge(request, gpu)
+            uuid = gpu.uuid
+            if request.init:
+                self.init[uuid] = _max(self.init.get(uuid, Charge()), need)
+            else:
+                self.app[uuid] = self.app.get(uuid, Charge()) + need
+            self.trial.changed()
+            self.trial.extra[uuid] = _max(
+                self.app.get(uuid, Charge()), self.init.get(uuid, Charge())
+            )
+            slices.append(
+                GpuSlice(uuid=uuid, index=gpu.index, memory_mib=need.memory_mib, cores=need.cores)
+            )
+        return slices
+
+    def _choose(
+        self, request: ContainerRequest, candidates: list[tuple[GpuState, Charge]]
+    ) -> list[GpuState] | None:
+        k = request.gpus
+        groups: list[list[tuple[GpuState, Charge]]]
+        if self.pod.numa_bind and k > 1:
+            by_numa: dict[int, list[tuple[GpuState, Charge]]] = {}
+            for pair in candidates:
+                by_numa.setdefault(pair[0].device.numa_node, []).append(pair)
+            groups = [g for g in by_numa.values() if len(g) >= k]
+        else:
+            groups = [candidates] if len(candidates) >= k else []
+        best: tuple[GpuState, ...] | None = None
+        best_score = -math.inf
+        for group in groups:
+            if k == 1:
+                sets = [(pair,) for pair in group]
+            elif math.comb(len(group), k) <= MAX_COMBINATIONS:
+                sets = list(itertools.combinations(group, k))
+            else:
+                ranked = sorted(
+                    group,
+                    key=lambda p: -self.policy.gpu_score(self.ctx, self.trial, (p[0],), (p[1],)),
+                )
+                sets = [tuple(ranked[:k])]
+            for chosen in sets:
+                gpus = tuple(p[0] for p in chosen)
+                score = self.policy.gpu_score(
+                    self.ctx, self.trial, gpus, tuple(p[1] for p in chosen)
+                )
+                if score > best_score + 1e-12:
+                    best, best_score = gpus, score
+        return None if best is None else list(best)
+
+    def _no_room(self, request: ContainerRequest, roomy: int) -> NoFit:
+        gpus = self.node.gpus
+        notes = []
+        if not self.empty:
+            unhealthy = sum(not g.healthy for g in gpus)
+            if unhealthy:
+                notes.append(f"{unhealthy} unhealthy")
+        selection = self.pod.selection
+        if selection.restricts:
+            excluded = sum(not selection.allows(g.device) for g in gpus)
+            if excluded:
+                notes.append(f"{excluded} excluded by {selection.describe()}")
+        extra = f", {', '.join(notes)}" if notes else ""
+        detail = (
+            f"needs {need_text(request)} free; {roomy} of {len(gpus)} GPUs have that room{extra}"
         )
+        if self.pod.numa_bind and request.gpus > 1 and roomy >= request.gpus:
+            detail += f", but no NUMA node has {request.gpus} of them ({NUMA_BIND})"
+        return NoFit(request, detail)
+
+    def place_one(self, request: ContainerRequest) -> list[GpuSlice]:
+        selection = self.pod.selection
+        candidates: list[tuple[GpuState, Charge]] = []
+        for gpu in self.node.gpus:
+            if not (self.empty or gpu.healthy):
+                continue
+            if selection.restricts and not selection.allows(gpu.device):
+                continue
+            add = self._add(request, gpu)
+            if add is not None:
+                candidates.append((gpu, add))
+        chosen = self._choose(request, candidates)
+        if chosen is None:
+            raise self._no_room(request, len(candidates))
+        return self._record(request, chosen)
+
+    def place(self) -> NodePlacement:
+        node, pod = self.node, self.pod
+        placed: dict[str, list[GpuSlice]] = {}
+        for request in (*pod.app, *pod.init):  # app first: init containers reuse their GPUs
+            placed[request.container] = self.place_one(request)
+        slices = {r.container: placed[r.container] for r in pod.containers}
+        return NodePlacement(node.name, slices, dict(self.trial.extra), self.trial)
 
 
-def place(
-    requests: Sequence[ContainerRequest],
-    gpus: Sequence[GpuDevice],
-    reserved: Mapping[str, Reserved],
-) -> dict[str, list[GpuSlice]]:
-    """First-fit every container in order; raise NoFit for the first that does not fit."""
-    ordered = sorted(gpus, key=lambda g: g.index)
-    working = dict(reserved)
-    placed: dict[str, list[GpuSlice]] = {}
-    for request in requests:
-        slices = _place_one(request, ordered, working)
-        _reserve(working, slices)
-        placed[request.container] = slices
-    return placed
+def host_problem(node: NodeState, pod: PodRequest, empty: bool = False) -> str | None:
+    """Why the node's CPU or memory (capacity hints, when reported) cannot take the pod."""
+    if pod.cpu_milli and node.cpu_milli:
+        free = node.cpu_milli - (0 if empty else node.used_cpu_milli)
+        if pod.cpu_milli > free:
+            return f"the pod needs {pod.cpu_milli}m CPU; {free}m of {node.cpu_milli}m free"
+    if pod.memory_mib and node.host_memory_mib:
+        free = node.host_memory_mib - (0 if empty else node.used_memory_mib)
+        if pod.memory_mib > free:
+            return f"the pod needs {pod.memory_mib} MiB of host memory; {free} MiB free"
+    return None
 
 
-def place_on(
-    request: ContainerRequest, gpus: Sequence[GpuDevice], reserved: Mapping[str, Reserved]
-) -> list[GpuSlice]:
-    """Slices for `request` on exactly `gpus` (in that order), or NoFit naming the full one."""
+def place_pod(
+    node: NodeState,
+    pod: PodRequest,
+    policy: Policy,
+    ctx: ScoreContext,
+    empty: bool = False,
+) -> NodePlacement:
+    """The pod's slices on `node` as `policy` prefers them; NoFit naming the first container
+    that does not fit. `empty` asks whether it could ever fit: as if the node were idle and
+    healthy."""
+    return _Placer(node, pod, policy, ctx, empty).place()
+
+
+def slices_on(request: ContainerRequest, gpus: Sequence[GpuState]) -> list[GpuSlice]:
+    """Slices for `request` on exactly `gpus`, in that order (room is checked by the caller)."""
     if len(gpus) != request.gpus:
         raise NoFit(request, f"needs {request.gpus} GPU(s), not {len(gpus)}")
     for gpu in gpus:
         if not gpu.healthy:
             raise NoFit(request, f"cannot use GPU {gpu.uuid}: it is unhealthy")
-        if not _has_room(request, gpu, reserved.get(gpu.uuid, Reserved())):
-            raise NoFit(request, f"does not fit on GPU {gpu.uuid}: it lacks the room")
-    return [_slice(request, gpu) for gpu in gpus]
-
-
-def capacity_problem(
-    requests: Sequence[ContainerRequest], gpus: Sequence[GpuDevice]
-) -> NoFit | None:
-    """Why the pod could not fit on this node even if it were empty and healthy, if so."""
-    try:
-        place(requests, [msgspec.structs.replace(g, healthy=True) for g in gpus], {})
-    except NoFit as exc:
-        return exc
-    return None
-
-
-def never_fits(
-    requests: Sequence[ContainerRequest], cluster: Mapping[str, Sequence[GpuDevice]]
-) -> str | None:
-    """A reason when no known node could ever hold the pod; None when one could (or none known)."""
-    if not cluster or not requests:
-        return None
-    for request in requests:
-        if all(capacity_problem([request], gpus) for gpus in cluster.values()):
-            largest = max((g.memory_mib for gpus in cluster.values() for g in gpus), default=0)
-            most = max(len(gpus) for gpus in cluster.values())
-            return (
-                f"container {request.container!r} ({describe_request(request)}) can never fit: "
-                f"no node in the cluster has {_need_text(request)} "
-                f"(largest GPU: {largest} MiB, most GPUs on one node: {most})"
-            )
-    if all(capacity_problem(requests, gpus) for gpus in cluster.values()):
-        names = ", ".join(repr(r.container) for r in requests)
-        return (
-            f"containers {names} can never fit together: no node in the cluster has room for "
-            f"all of them at once"
+    return [
+        GpuSlice(
+            uuid=g.uuid, index=g.index, memory_mib=memory_needed(request, g), cores=request.cores
         )
-    return None
+        for g in gpus
+    ]
+
+
+def overbooked(
+    node: NodeState, before: Mapping[str, Charge], after: Mapping[str, Charge]
+) -> list[str]:
+    """GPUs of `node` that would hold more than they have if a pod's charges went from
+    `before` to `after`."""
+    full = []
+    for uuid in set(before) | set(after):
+        gpu = node.by_uuid.get(uuid)
+        if gpu is None:
+            full.append(uuid)
+            continue
+        used = gpu.used - before.get(uuid, Charge()) + after.get(uuid, Charge())
+        if not _within(gpu, used):
+            full.append(uuid)
+    return sorted(full)

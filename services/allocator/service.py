@@ -1,37 +1,93 @@
-"""The allocator service: inventory in over NATS, decisions out over HTTP and NATS."""
+"""The allocator service: inventory in over NATS, decisions out over HTTP and NATS.
+
+Start-up order matters for replicas: the journal loads every stored decision before the
+extender answers, so a restarted or second replica never places on top of what is promised.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import os
+import socket
+import time
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import Gauge
 
 from services.common import subjects
 from services.common.bus import Bus
-from services.common.schemas import NodeInventory
+from services.common.schemas import NodeInventory, PendingPod, PendingReason
 
 from .backend import ClusterBackend, LocalClusterBackend
 from .claims import ClaimHandlers
+from .cluster import CapacityConfig, ClusterState
+from .core import FilterOutcome, PlacementCore, pod_ref
 from .engine import PlacementEngine
 from .extender import build_app
-from .inventory import InventoryStore
+from .fragmentation import WorkloadMix
+from .journal import Journal
+from .lease import Lease
 from .ledger import Ledger
 from .settings import AllocatorSettings
 
 log = logging.getLogger("vgpu.allocator")
 
+NODES = Gauge(
+    "vgpu_allocator_nodes", "Nodes known to the allocator by availability", ["replica", "state"]
+)
+LEADER = Gauge("vgpu_allocator_leader", "1 when this replica holds the lease", ["replica"])
+EVENT_INTERVAL_S = 30.0  # at most one "unschedulable" Event per pod this often
+
+
+def _replica_id(settings: AllocatorSettings) -> str:
+    return settings.replica_id or f"{socket.gethostname()}-{os.getpid()}-{id(settings) % 10000}"
+
 
 class Allocator:
     def __init__(self, settings: AllocatorSettings, backend: ClusterBackend | None = None) -> None:
         self.settings = settings
-        self.backend: ClusterBackend = backend if backend is not None else LocalClusterBackend()
-        self.inventory = InventoryStore(settings.node_timeout_s)
-        self.ledger = Ledger()
-        self.engine = PlacementEngine(self.inventory, self.ledger, self.backend)
+        self.replica = _replica_id(settings)
+        self.backend: ClusterBackend = backend if backend is not None else self._make_backend()
+        self.cluster = ClusterState(
+            settings.node_timeout_s,
+            CapacityConfig(
+                memory_reserve_mib=settings.memory_reserve_mib,
+                split_count=settings.split_count,
+                memory_scaling=settings.memory_scaling,
+                node_memory_scaling=dict(settings.node_memory_scaling),
+            ),
+        )
+        self.inventory = self.cluster  # the name earlier callers know
+        self.ledger = Ledger(self.cluster)
+        self.core = PlacementCore(
+            self.cluster,
+            self.ledger,
+            node_policy=settings.node_policy,
+            gpu_policy=settings.gpu_policy,
+            request_config=settings.request_config(),
+            mix=WorkloadMix(window=settings.mix_window),
+        )
+        self.journal = Journal(self.ledger)
+        self.engine = PlacementEngine(self.core, self.backend, journal=self.journal)
+        self.lease: Lease | None = None
         self._bus: Bus | None = None
         self._runner: web.AppRunner | None = None
+        self._webhook: Any = None
         self._port: int | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._leader_tasks: list[asyncio.Task[None]] = []
+        self._last_event: dict[str, float] = {}
+        self._unavailable: set[str] = set()
+
+    def _make_backend(self) -> ClusterBackend:
+        if self.settings.cluster == "kubernetes":
+            from .kube import KubernetesBackend
+
+            return KubernetesBackend.from_settings(self.settings)
+        return LocalClusterBackend()
 
     @property
     def url(self) -> str:
@@ -40,36 +96,112 @@ class Allocator:
             raise RuntimeError("the allocator is not started")
         return f"http://{self.settings.http_host}:{self._port}"
 
+    @property
+    def webhook_url(self) -> str:
+        if self._webhook is None:
+            raise RuntimeError("the admission webhook is not serving")
+        return str(self._webhook.url)
+
+    @property
+    def leading(self) -> bool:
+        return self.lease is None or self.lease.leading
+
     async def start(self) -> None:
         try:
-            self._bus = await Bus.connect(self.settings.nats_url, "vgpu-allocator")
-            self.engine.set_event_sink(self._bus)
-            await self._bus.subscribe(subjects.INVENTORY_ALL, NodeInventory, self._on_inventory)
-            await ClaimHandlers(self.engine).serve(self._bus)
-            # Make sure the server has our subscriptions before anyone relies on them.
-            await self._bus.client.flush()
-            self._runner = web.AppRunner(build_app(self.engine, self._health))
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, self.settings.http_host, self.settings.http_port)
-            await site.start()
-            self._port = int(self._runner.addresses[0][1])
+            await self._start()
         except BaseException:
             await self.stop()
             raise
-        log.info("allocator started", extra={"url": self.url, "nats": self.settings.nats_url})
+        log.info(
+            "allocator started",
+            extra={"url": self.url, "nats": self.settings.nats_url, "replica": self.replica},
+        )
+
+    async def _start(self) -> None:
+        settings = self.settings
+        self._bus = await Bus.connect(settings.nats_url, f"vgpu-allocator-{self.replica}")
+        self.engine.set_event_sink(self._bus)
+        js = self._bus.client.jetstream(timeout=5)
+        if settings.state_bucket:
+            try:
+                await self.journal.open(js, settings.state_bucket, settings.state_replicas)
+            except Exception as exc:
+                raise RuntimeError(
+                    f"cannot open the JetStream KV bucket {settings.state_bucket!r} at "
+                    f"{settings.nats_url} (is JetStream enabled?): {exc}"
+                ) from exc
+        await self._bus.subscribe(subjects.INVENTORY_ALL, NodeInventory, self._on_inventory)
+        await ClaimHandlers(self.engine).serve(self._bus)
+        await self._bus.client.flush()  # the server has our subscriptions before we answer
+        self._runner = web.AppRunner(
+            build_app(self.engine, self._health, self._ready, self._on_filtered), access_log=None
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, settings.http_host, settings.http_port)
+        await site.start()
+        self._port = int(self._runner.addresses[0][1])
+        if settings.webhook_port >= 0:
+            from .webhook import WebhookServer
+
+            self._webhook = WebhookServer(settings, self.core)
+            await self._webhook.start()
+        self._tasks.append(asyncio.create_task(self._watch_heartbeats()))
+        if settings.lease_bucket:
+            self.lease = Lease(self.replica, settings.lease_ttl_s, self._on_role)
+            await self.lease.start(js, settings.lease_bucket)
+        else:
+            self._on_role(True)
+
+    def _on_role(self, leading: bool) -> None:
+        LEADER.labels(replica=self.replica).set(1 if leading else 0)
+        for task in self._leader_tasks:
+            task.cancel()
+        self._leader_tasks = []
+        watch = getattr(self.backend, "run_pod_watch", None)
+        if leading and watch is not None:
+            self._leader_tasks.append(asyncio.create_task(self._run_pod_watch(watch)))
+
+    async def _run_pod_watch(self, watch: Any) -> None:
+        """Rebuild from pod annotations, then release pods that end (leader only)."""
+        from .kube import PodWatchHandler
+
+        handler = PodWatchHandler(self.engine)
+        try:
+            await watch(handler)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("the pod watch stopped")
 
     async def stop(self) -> None:
+        tasks, self._tasks = self._tasks + self._leader_tasks, []
+        self._leader_tasks = []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        lease, self.lease = self.lease, None
+        if lease is not None:
+            await lease.stop()
+        webhook, self._webhook = self._webhook, None
+        if webhook is not None:
+            await webhook.stop()
         runner, self._runner = self._runner, None
-        bus, self._bus = self._bus, None
         self._port = None
         if runner is not None:
             await runner.cleanup()
+        await self.journal.close()
+        bus, self._bus = self._bus, None
         if bus is not None:
             self.engine.set_event_sink(None)
             await bus.close()
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            await close()
 
     async def _on_inventory(self, inventory: NodeInventory) -> None:
-        if self.inventory.update(inventory):
+        if self.engine.on_inventory(inventory):
             log.info(
                 "node inventory changed",
                 extra={
@@ -78,11 +210,86 @@ class Allocator:
                     "unhealthy": [g.uuid for g in inventory.gpus if not g.healthy],
                 },
             )
+        if inventory.node in self._unavailable:
+            self._unavailable.discard(inventory.node)
+            log.info("node available again", extra={"node": inventory.node})
+
+    async def _watch_heartbeats(self) -> None:
+        """Say when a node's agent falls silent (it keeps its allocations, takes no new ones)."""
+        interval = max(0.2, self.settings.node_timeout_s / 3)
+        while True:
+            await asyncio.sleep(interval)
+            states = list(self.cluster.states())
+            for state in states:
+                if not self.cluster.is_fresh(state) and state.name not in self._unavailable:
+                    self._unavailable.add(state.name)
+                    log.warning(
+                        "node unavailable: its agent stopped sending heartbeats",
+                        extra={
+                            "node": state.name,
+                            "silent_s": round(self.cluster.silent_s(state), 1),
+                            "pods_kept": len(self.ledger.on_node(state.name)),
+                        },
+                    )
+            NODES.labels(replica=self.replica, state="unavailable").set(len(self._unavailable))
+            NODES.labels(replica=self.replica, state="available").set(
+                len(states) - len(self._unavailable)
+            )
+
+    async def _on_filtered(self, pod: dict[str, Any], outcome: FilterOutcome) -> None:
+        """A pod no node can take: tell NATS listeners and, as the leader, the cluster."""
+        if outcome.passed or self._bus is None:
+            return
+        ref = pod_ref(pod)
+        by_reason: dict[str, list[str]] = {}
+        for node, reason in {**outcome.failed, **outcome.unresolvable}.items():
+            by_reason.setdefault(
+                reason.replace(f"node {node!r}: ", "").replace(f"node {node!r} ", "node "), []
+            ).append(node)
+        try:
+            requests = self.core.parse(pod).containers
+        except ValueError:
+            requests = ()
+        pending = PendingPod(
+            namespace=ref.namespace,
+            name=ref.name,
+            uid=ref.uid,
+            requests=list(requests),
+            reasons=[
+                PendingReason(message=m, nodes=n[:20], node_count=len(n))
+                for m, n in by_reason.items()
+            ],
+            unresolvable=bool(outcome.unresolvable) and not outcome.failed,
+        )
+        with contextlib.suppress(Exception):
+            await self._bus.publish(subjects.alloc_pending(), pending)
+        now = time.monotonic()
+        if not self.leading or now - self._last_event.get(ref.uid, -1e9) < EVENT_INTERVAL_S:
+            return
+        self._last_event[ref.uid] = now
+        if len(self._last_event) > 10000:
+            self._last_event.clear()
+        message = "; ".join(f"{len(n)} node(s): {m}" for m, n in list(by_reason.items())[:5])
+        try:
+            await self.backend.emit_event(
+                ref.namespace, ref.name, ref.uid, "VgpuUnschedulable", message[:1000]
+            )
+        except Exception as exc:
+            log.warning(
+                "cannot emit a scheduling event", extra={"pod": str(ref), "error": str(exc)}
+            )
 
     def _health(self) -> tuple[bool, dict[str, Any]]:
         connected = self._bus is not None and self._bus.client.is_connected
         return connected, {
             "nats_connected": connected,
-            "nodes": len(self.inventory.nodes()),
+            "nodes": len(self.cluster.nodes()),
             "pods": len(self.ledger),
+            "leader": self.leading,
+            "replica": self.replica,
+            "durable": self.journal.durable,
         }
+
+    def _ready(self) -> tuple[bool, dict[str, Any]]:
+        ok, details = self._health()
+        return ok and self.leading, {**details, "role": "leader" if self.leading else "standby"}

@@ -2,19 +2,85 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
+from services.common.resources import (
+    GPU,
+    GPU_CORES,
+    GPU_MEMORY,
+    GPU_MEMORY_PERCENT,
+    GPU_PRIORITY,
+    RequestConfig,
+    ResourceNames,
+)
+
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]  # 0 = any free port (tests, `vgpu up`)
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
+Scaling = Annotated[float, msgspec.Meta(ge=1.0)]
+PolicyName = Literal["binpack", "spread", "topology", "fgd"]
 
 
 class AllocatorSettings(msgspec.Struct, kw_only=True, frozen=True):
     nats_url: str = "nats://127.0.0.1:4222"
     http_host: str = "127.0.0.1"
     http_port: Port = 8080
-    # A node whose last inventory is older than this is unavailable for new placements.
+    # A node whose last inventory is older than this takes no new placements (it keeps
+    # what it has).
     node_timeout_s: Seconds = 15.0
     otlp_endpoint: str = ""
     log_level: str = "info"
+
+    # Placement. The default policy is the one that measured best on the openb trace.
+    node_policy: PolicyName = "binpack"
+    gpu_policy: PolicyName = "binpack"
+    memory_reserve_mib: Annotated[int, msgspec.Meta(ge=0)] = 0  # per GPU: context + driver
+    split_count: Annotated[int, msgspec.Meta(ge=1)] = 10  # task slots per GPU
+    memory_scaling: Scaling = 1.0  # > 1 oversubscribes GPU memory (HAMi deviceMemoryScaling)
+    node_memory_scaling: dict[str, Scaling] = {}  # per node, overriding memory_scaling
+    mix_window: Annotated[int, msgspec.Meta(ge=10)] = 2000  # recent pods FGD weighs
+
+    # Requests: HAMi's names and defaults, renameable as in HAMi.
+    resource_gpu: str = GPU
+    resource_memory: str = GPU_MEMORY
+    resource_memory_percent: str = GPU_MEMORY_PERCENT
+    resource_cores: str = GPU_CORES
+    resource_priority: str = GPU_PRIORITY
+    default_memory_mib: Annotated[int, msgspec.Meta(ge=0)] = 0  # 0 = the whole card
+    default_cores: Annotated[int, msgspec.Meta(ge=0, le=100)] = 0
+    translate_peers: bool = True  # Volcano, Aliyun, Tencent, AWS, KAI syntaxes
+
+    # State and replicas.
+    state_bucket: str = "vgpu-allocations"  # JetStream KV bucket; "" = memory only
+    state_replicas: Annotated[int, msgspec.Meta(ge=1, le=5)] = 1
+    lease_bucket: str = "vgpu-allocator-lease"  # "" = always lead (one replica)
+    lease_ttl_s: Seconds = 6.0
+    replica_id: str = ""  # "" = host name and process id
+
+    # Cluster: "local" is the in-memory API stand-in of `vgpu up`; "kubernetes" uses the
+    # kubernetes client (in-cluster config, or `kubeconfig`).
+    cluster: Literal["local", "kubernetes"] = "local"
+    kubeconfig: str = ""
+    kube_api_url: str = ""  # talk to this API server directly (tests, proxies)
+
+    # Mutating admission webhook over HTTPS; -1 = off, 0 = any free port.
+    webhook_port: Annotated[int, msgspec.Meta(ge=-1, le=65535)] = -1
+    webhook_host: str = "0.0.0.0"
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    scheduler_name: str = "vgpu-scheduler"
+
+    def request_config(self) -> RequestConfig:
+        return RequestConfig(
+            names=ResourceNames(
+                gpu=self.resource_gpu,
+                memory=self.resource_memory,
+                memory_percent=self.resource_memory_percent,
+                cores=self.resource_cores,
+                priority=self.resource_priority,
+            ),
+            default_memory_mib=self.default_memory_mib,
+            default_cores=self.default_cores,
+            translate_peers=self.translate_peers,
+        )

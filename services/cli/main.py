@@ -11,6 +11,8 @@ from typing import Any
 import click
 import msgspec
 
+from services.cli.inspect import inspect_command
+from services.cli.kubelet_sim_cmd import kubelet_sim
 from services.cli.state import StateError, default_state_file, read_state, write_state
 from services.common.config import ConfigError, load_settings
 from services.common.logs import configure_logging
@@ -188,6 +190,10 @@ def metrics(config_file: str | None, **flags: Any) -> None:
 
     settings = _settings(MetricsSettings, "metrics", config_file, **flags)
     _serve(MetricsService(settings), "vgpu-metrics", settings.log_level, settings.otlp_endpoint)
+
+
+main.add_command(inspect_command)
+main.add_command(kubelet_sim)
 
 
 if __name__ == "__main__":

@@ -152,6 +152,9 @@ class Bus:
 
         sub = await self._nc.subscribe(subject, queue=queue, cb=on_message)
         self._subscriptions.append(sub)
+        # A round trip makes the server register the interest before we return, so a message
+        # published right after (from any connection) cannot miss it.
+        await self._nc.flush()
         return sub
 
     async def serve(
@@ -185,6 +188,9 @@ class Bus:
 
         sub = await self._nc.subscribe(subject, queue=queue, cb=on_message)
         self._subscriptions.append(sub)
+        # A round trip makes the server register the interest before we return, so a message
+        # published right after (from any connection) cannot miss it.
+        await self._nc.flush()
         return sub
 
     @staticmethod

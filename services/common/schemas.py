@@ -20,6 +20,10 @@ class GpuDevice(msgspec.Struct, frozen=True, kw_only=True):
     sm_count: int = 0
     numa_node: int = -1  # -1: the platform does not say
     healthy: bool = True
+    pci_bus_id: str = ""  # as NVML reports it, e.g. "00000000:3B:00.0"
+    compute_capability: str = ""  # e.g. "8.0"
+    mig_mode: bool = False  # MIG enabled (current mode)
+    nvlink_peers: list[str] = []  # UUIDs of GPUs of this node reached over an active NVLink
 
 
 class NodeInventory(msgspec.Struct, kw_only=True):
@@ -29,6 +33,12 @@ class NodeInventory(msgspec.Struct, kw_only=True):
     heartbeat_s: float = 5.0  # how often the agent promises to re-send this
     seq: int = 0  # increases with every publication from one agent process
     sent_at: float = msgspec.field(default_factory=time.time)
+    driver_version: str = ""  # NVIDIA driver, e.g. "550.54.15"
+    cuda_version: str = ""  # highest CUDA version the driver supports, e.g. "12.4"
+    # Node-level capacity hints (0 = not reported); the allocator honours them when a pod
+    # states CPU or memory requests, as simulators do. kube-scheduler remains the judge of both.
+    cpu_milli: int = 0
+    host_memory_mib: int = 0
 
 
 class GpuUsage(msgspec.Struct, frozen=True, kw_only=True):
@@ -76,6 +86,7 @@ class ContainerRequest(msgspec.Struct, frozen=True, kw_only=True):
     memory_percent: int = 0  # per GPU, used when memory_mib is 0
     cores: int = 0  # percent of each GPU's SMs; 0 = no compute limit
     init: bool = False
+    priority: int = -1  # nvidia.com/priority as HAMi: 0 high, 1 low; -1 not given
 
 
 class GpuSlice(msgspec.Struct, frozen=True, kw_only=True):
@@ -101,6 +112,10 @@ class PodAllocation(msgspec.Struct, kw_only=True):
     containers: dict[str, ContainerAllocation]  # keyed by container name, never by position
     bound_at: float = msgspec.field(default_factory=time.time)
     traceparent: str = ""  # W3C trace context of the pod's scheduling trace
+    # The node's memory scaling when placed: > 1 means memory is oversubscribed (HAMi's
+    # deviceMemoryScaling), so the slices may together exceed the cards' physical memory.
+    memory_scaling: float = 1.0
+    policy: str = ""  # node/GPU policy that placed it, e.g. "fgd" or "binpack/spread"
 
 
 class AllocationEvent(msgspec.Struct, kw_only=True):
@@ -142,3 +157,25 @@ class PreferredReply(msgspec.Struct, kw_only=True):
 
 class ErrorReply(msgspec.Struct, kw_only=True):
     error: str
+
+
+class PendingReason(msgspec.Struct, frozen=True, kw_only=True):
+    """One reason a pending pod was refused, and which nodes gave it."""
+
+    message: str  # as the extender wrote it for kube-scheduler, without the node's name
+    nodes: list[str] = []  # nodes that gave this reason (the publisher may cut the list)
+    node_count: int = 0  # how many nodes gave it, also where `nodes` was cut
+
+
+class PendingPod(msgspec.Struct, kw_only=True):
+    """Allocator -> everyone: a pod that waits for GPUs, and why (docs/events.md)."""
+
+    namespace: str
+    name: str
+    uid: str
+    requests: list[ContainerRequest] = []  # the shapes it asks for, init containers first
+    reasons: list[PendingReason] = []
+    unresolvable: bool = False  # can never fit in this cluster as it is
+    waiting: bool = True  # False: it no longer waits (bound, deleted): forget it
+    since: float = msgspec.field(default_factory=time.time)  # first refused at
+    sent_at: float = msgspec.field(default_factory=time.time)

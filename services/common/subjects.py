@@ -18,6 +18,9 @@ USAGE_ALL = f"{PREFIX}.usage.*"
 CONTAINER_USAGE_ALL = f"{PREFIX}.container-usage.*"
 # Allocator -> everyone: a pod's slices were bound, claimed or released.
 ALLOC_EVENTS_ALL = f"{PREFIX}.alloc.events.*"
+# Allocator -> everyone: pods waiting for GPUs and why (PendingPod), one scope per allocator.
+ALLOC_PENDING_ALL = f"{PREFIX}.alloc.pending.*"
+CLUSTER_SCOPE = "cluster"
 
 # Request/reply served by the allocator.
 ALLOC_CLAIM = f"{PREFIX}.alloc.claim"
@@ -50,3 +53,8 @@ def container_usage(node: str) -> str:
 
 def alloc_events(node: str) -> str:
     return f"{PREFIX}.alloc.events.{node_token(node)}"
+
+
+def alloc_pending(scope: str = CLUSTER_SCOPE) -> str:
+    """Pending pods of a scope: "cluster" for a cluster-wide allocator, or a node's name."""
+    return f"{PREFIX}.alloc.pending.{node_token(scope)}"

@@ -1,59 +1,127 @@
-"""The metrics service: a NATS subscriber that serves Prometheus /metrics and a JSON picture."""
+"""The metrics service: a NATS subscriber that keeps the cluster's picture and shows it.
+
+Start-up order matters for a correct picture after a restart: subscribe to allocation events
+first, then read the decisions already made from the allocator's KV bucket (events applied
+meanwhile win over older records), so nothing falls between the two. Inventory and usage
+need no rebuild: node agents re-send them every few seconds.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import msgspec
 from aiohttp import web
-from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client import CollectorRegistry, Counter
 
 from services.common import subjects
 from services.common.bus import Bus
-from services.common.schemas import AllocationEvent, NodeInventory, NodeUsage
-from services.metrics.exporter import PictureCollector
-from services.metrics.picture import ClusterPicture
+from services.common.schemas import (
+    AllocationEvent,
+    ContainerUsage,
+    NodeInventory,
+    NodeUsage,
+    PendingPod,
+)
+from services.common.tracing import tracer
+from services.metrics.exporter import ViewCollector, vgpu_families
+from services.metrics.hami import hami_families
+from services.metrics.http import MetricsHttp
+from services.metrics.picture import ClusterPicture, EventRejected
+from services.metrics.rebuild import DecisionSource, KvDecisionSource
 from services.metrics.settings import MetricsSettings
+from services.metrics.stream import ChangeStream, frame
+from services.metrics.views import ClusterView, change_view, cluster_view
 
 log = logging.getLogger("vgpu.metrics")
+_tracer = tracer("vgpu.metrics")
+
+EVENTS = Counter(
+    "vgpu_metrics_events_total",
+    "Events the metrics service received, by kind and outcome (applied or rejected)",
+    ["kind", "outcome"],
+)
+REJECTED = Counter(
+    "vgpu_metrics_rejected_events_total",
+    "Events that decoded but could not be applied, by kind and reason",
+    ["kind", "reason"],
+)
+REBUILT = Counter(
+    "vgpu_metrics_rebuilt_pods_total", "Pod decisions read back from the allocator's KV state"
+)
+
+M = TypeVar("M", bound=msgspec.Struct)
 
 
 class MetricsService:
-    def __init__(self, settings: MetricsSettings) -> None:
+    def __init__(self, settings: MetricsSettings, decisions: DecisionSource | None = None) -> None:
         self.settings = settings
-        self.picture = ClusterPicture(settings.stale_after_s)
+        self.picture = ClusterPicture(settings.stale_after_s, settings.pending_ttl_s)
+        self.stream = ChangeStream(settings.stream_queue)
+        self._decisions = decisions
         self._registry = CollectorRegistry(auto_describe=False)
-        self._registry.register(PictureCollector(self.picture))
+        families = [vgpu_families]
+        if settings.hami_metrics:
+            legacy = settings.hami_legacy_metrics
+            families.append(lambda view: hami_families(view, legacy=legacy))
+        self._registry.register(ViewCollector(self.view, *families))
         self._bus: Bus | None = None
         self._runner: web.AppRunner | None = None
+        self._flusher: asyncio.Task[None] | None = None
+        self._seq = 0
         self._port = 0
 
     @property
     def url(self) -> str:
         return f"http://{self.settings.http_host}:{self._port}"
 
+    def view(self) -> ClusterView:
+        return cluster_view(self.picture)
+
     async def start(self) -> None:
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
         self._bus = await Bus.connect(self.settings.nats_url, "vgpu-metrics")
-        await self._bus.subscribe(subjects.INVENTORY_ALL, NodeInventory, self._on_inventory)
-        await self._bus.subscribe(subjects.USAGE_ALL, NodeUsage, self._on_usage)
-        await self._bus.subscribe(subjects.ALLOC_EVENTS_ALL, AllocationEvent, self._on_allocation)
-        app = web.Application()
-        app.add_routes(
-            [
-                web.get("/metrics", self._metrics),
-                web.get("/healthz", self._healthz),
-                web.get("/api/v1/picture", self._picture),
-            ]
-        )
-        self._runner = web.AppRunner(app, access_log=None)
+        bus = self._bus
+        await bus.subscribe(subjects.ALLOC_EVENTS_ALL, AllocationEvent,
+                            self._apply("allocation", self.picture.on_allocation))  # fmt: skip
+        await bus.client.flush()  # subscribed before reading KV, so no decision falls between
+        await self._rebuild(bus)
+        await bus.subscribe(subjects.INVENTORY_ALL, NodeInventory,
+                            self._apply("inventory", self.picture.on_inventory))  # fmt: skip
+        await bus.subscribe(subjects.USAGE_ALL, NodeUsage,
+                            self._apply("usage", self.picture.on_usage))  # fmt: skip
+        on_container = self._apply("container_usage", self.picture.on_container_usage)
+        await bus.subscribe(subjects.CONTAINER_USAGE_ALL, ContainerUsage, on_container)
+        await bus.subscribe(subjects.ALLOC_PENDING_ALL, PendingPod,
+                            self._apply("pending", self.picture.on_pending))  # fmt: skip
+        await bus.client.flush()  # the server holds every subscription before we say we started
+        http = MetricsHttp(self.view, self.stream, self._registry,
+                           lambda: bus.client.is_connected)  # fmt: skip
+        self._runner = web.AppRunner(http.app(), access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.http_host, self.settings.http_port)
         await site.start()
         self._port = self._runner.addresses[0][1]
+        self._flusher = asyncio.create_task(self._flush_changes(), name="metrics-flush")
         log.info("metrics serving", extra={"url": self.url})
 
     async def stop(self) -> None:
+        self.stream.close()  # end the live streams first, or the HTTP server waits on them
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+            self._flusher = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -61,32 +129,58 @@ class MetricsService:
             await self._bus.close()
             self._bus = None
 
-    async def _on_inventory(self, inventory: NodeInventory) -> None:
-        self.picture.on_inventory(inventory)
+    def _apply(self, kind: str, apply: Callable[[M], None]) -> Callable[[M], Awaitable[None]]:
+        """A bus handler: apply the event, count it; a senseless event is counted, not fatal."""
 
-    async def _on_usage(self, usage: NodeUsage) -> None:
-        self.picture.on_usage(usage)
+        async def handle(message: M) -> None:
+            try:
+                apply(message)
+            except EventRejected as exc:
+                EVENTS.labels(kind=kind, outcome="rejected").inc()
+                REJECTED.labels(kind=kind, reason=exc.reason).inc()
+                log.warning("rejected event", extra={"kind": kind, "reason": exc.reason,
+                                                     "error": str(exc)})  # fmt: skip
+                return
+            EVENTS.labels(kind=kind, outcome="applied").inc()
 
-    async def _on_allocation(self, event: AllocationEvent) -> None:
-        self.picture.on_allocation(event)
+        return handle
 
-    async def _metrics(self, request: web.Request) -> web.Response:
-        # Our picture plus the process-wide counters (bus errors, handler failures).
-        body = generate_latest(self._registry) + generate_latest(REGISTRY)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    async def _rebuild(self, bus: Bus) -> None:
+        source = self._decisions or KvDecisionSource(
+            bus.client, self.settings.kv_bucket, self.settings.kv_timeout_s
+        )
+        with _tracer.start_as_current_span("metrics rebuild") as span:
+            decisions = await source.load()
+            loaded = 0
+            for allocation in decisions.allocations:
+                try:
+                    loaded += self.picture.load_decisions([allocation])
+                except EventRejected as exc:
+                    REJECTED.labels(kind="kv_record", reason=exc.reason).inc()
+                    log.warning("rejected decision record", extra={"error": str(exc)})
+            for _ in decisions.malformed:
+                REJECTED.labels(kind="kv_record", reason="undecodable").inc()
+            REBUILT.inc(loaded)
+            span.set_attribute("vgpu.pods", loaded)
+        if decisions.found:
+            log.info("picture rebuilt from KV", extra={"bucket": self.settings.kv_bucket,
+                     "pods": loaded, "malformed": len(decisions.malformed)})  # fmt: skip
 
-    async def _healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"ok": True})
-
-    async def _picture(self, request: web.Request) -> web.Response:
-        nodes = {
-            name: {
-                "up": self.picture.is_up(name),
-                "last_seen": view.inventory.sent_at,
-                "gpus": view.inventory.gpus,
-                "usage": list(view.usage.values()),
-            }
-            for name, view in self.picture.nodes.items()
-        }
-        body = msgspec.json.encode({"nodes": nodes, "pods": list(self.picture.pods.values())})
-        return web.Response(body=body, content_type="application/json")
+    async def _flush_changes(self) -> None:
+        """Age the picture and send what changed to stream clients, at most every interval."""
+        interval = self.settings.stream_interval_s
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.picture.sweep()
+                changes = self.picture.take_changes()
+                if not changes or not self.stream.has_clients:
+                    continue
+                if changes.pending:  # stranded memory may move on every GPU
+                    changes.nodes.update(self.picture.nodes)
+                self._seq += 1
+                batch = change_view(self.picture, self._seq, changes.nodes, changes.pods,
+                                    changes.pending)  # fmt: skip
+                self.stream.publish(frame("change", msgspec.json.encode(batch), self._seq))
+            except Exception:
+                log.exception("sending changes failed")

@@ -7,8 +7,10 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
+from services.common.schemas import GpuDevice
 from services.nodeagent.catalog import DeviceCatalog
 from services.nodeagent.gpus.backend import GpuBackend
+from services.nodeagent.health import HealthMarks
 
 log = logging.getLogger("vgpu.nodeagent")
 
@@ -20,21 +22,28 @@ class DeviceWatcher:
         catalog: DeviceCatalog,
         on_change: Callable[[], Awaitable[None]],
         interval_s: float,
+        marks: HealthMarks | None = None,
     ) -> None:
         self._backend = backend
         self._catalog = catalog
         self._on_change = on_change
         self._interval_s = interval_s
+        self._marks = marks or HealthMarks()
+        self._lock = asyncio.Lock()  # the poll and the XID monitor may refresh at once
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
 
+    def current(self) -> list[GpuDevice]:
+        return self._marks.apply(self._backend.devices())
+
     async def refresh(self) -> bool:
         """Take the backend's current view; True when it changed (watchers were woken)."""
-        gpus = self._backend.devices()
-        if not await self._catalog.update(gpus):
-            return False
+        async with self._lock:
+            gpus = await asyncio.to_thread(self.current)  # NVML calls block
+            if not await self._catalog.update(gpus):
+                return False
         log.info(
             "GPU set or health changed",
             extra={"unhealthy": [gpu.uuid for gpu in gpus if not gpu.healthy]},

@@ -4,12 +4,17 @@ The kubelet calls Allocate with device IDs and no pod identity, so everything he
 from the IDs: the GPUs to expose, and a per-container host directory keyed by a hash of the
 sorted IDs (stable across retries, distinct for concurrently running containers because the
 kubelet never hands one device ID to two running containers).
+
+The GPUs reach the container runtime as `NVIDIA_VISIBLE_DEVICES` (strategy `envvar`, the
+default) or as CDI device names `<cdi_kind>=<uuid>` (`cdi-cri`: the CDIDevice field of the
+response; `cdi-annotations`: a `cdi.k8s.io/` annotation), as NVIDIA's plugin offers.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.nodeagent.catalog import DeviceCatalog
@@ -21,6 +26,11 @@ PRELOAD_CONTAINER_PATH = "/etc/ld.so.preload"
 PRELOAD_FILE_NAME = "ld.so.preload"  # shared by all containers, under container_root
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 CONTAINER_DIR_ENV = "VGPU_CONTAINER_DIR"
+# World-writable with the sticky bit: the container's processes (any user) create the shared
+# accounting region and connect to the relay socket, but cannot replace the agent's files.
+CONTAINER_DIR_MODE = 0o1777
+STRATEGIES = ("envvar", "cdi-cri", "cdi-annotations")
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/vgpu_"
 
 
 @dataclass(frozen=True)
@@ -38,6 +48,8 @@ class ContainerGrant:
     host_dir: Path
     envs: dict[str, str]
     mounts: tuple[MountSpec, ...]
+    cdi_devices: tuple[str, ...] = ()
+    annotations: dict[str, str] = field(default_factory=dict)
 
 
 def container_key(device_ids: list[str] | tuple[str, ...]) -> str:
@@ -53,6 +65,8 @@ def plan_grant(
     device_ids: list[str],
     container_root: Path,
     hook_library: Path | None,
+    strategy: str = "envvar",
+    cdi_kind: str = "nvidia.com/gpu",
 ) -> ContainerGrant:
     """Raise UnknownDeviceError (naming the ID) or ValueError for an empty request.
 
@@ -69,30 +83,57 @@ def plan_grant(
         mounts.append(
             MountSpec(PRELOAD_CONTAINER_PATH, str(preload_file(container_root)), read_only=True)
         )
+    envs = {CONTAINER_DIR_ENV: CONTAINER_DIR}
+    cdi_names = tuple(f"{cdi_kind}={uuid}" for uuid in gpu_uuids)
+    cdi_devices: tuple[str, ...] = ()
+    annotations: dict[str, str] = {}
+    if strategy == "envvar":
+        envs = {VISIBLE_DEVICES_ENV: ",".join(gpu_uuids), **envs}
+    elif strategy == "cdi-cri":
+        cdi_devices = cdi_names
+    elif strategy == "cdi-annotations":
+        annotations = {CDI_ANNOTATION_PREFIX + key: ",".join(cdi_names)}
+    else:
+        raise ValueError(f"unknown device list strategy {strategy!r} (one of {STRATEGIES})")
     return ContainerGrant(
         device_ids=tuple(device_ids),
         gpu_uuids=tuple(gpu_uuids),
         key=key,
         host_dir=host_dir,
-        envs={VISIBLE_DEVICES_ENV: ",".join(gpu_uuids), CONTAINER_DIR_ENV: CONTAINER_DIR},
+        envs=envs,
         mounts=tuple(mounts),
+        cdi_devices=cdi_devices,
+        annotations=annotations,
     )
 
 
 class GrantIssuer:
     """Plans a container's grant and prepares its host files (directory, ld.so.preload)."""
 
-    def __init__(self, catalog: DeviceCatalog, container_root: Path, hook_library: Path) -> None:
+    def __init__(
+        self,
+        catalog: DeviceCatalog,
+        container_root: Path,
+        hook_library: Path,
+        strategy: str = "envvar",
+        cdi_kind: str = "nvidia.com/gpu",
+    ) -> None:
         self._catalog = catalog
         self._root = container_root
         self._hook = hook_library
+        self._strategy = strategy
+        self._cdi_kind = cdi_kind
 
     def issue(self, device_ids: list[str]) -> ContainerGrant:
         """UnknownDeviceError/ValueError for bad IDs; OSError when host files cannot be made."""
         # Checked per Allocate so that installing the hook later needs no agent restart.
         hook = self._hook if self._hook.is_file() else None
-        grant = plan_grant(self._catalog, device_ids, self._root, hook)
+        grant = plan_grant(
+            self._catalog, device_ids, self._root, hook, self._strategy, self._cdi_kind
+        )
         grant.host_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(grant.host_dir, CONTAINER_DIR_MODE)  # mkdir's mode is cut by the umask
+        os.utime(grant.host_dir)  # the cleanup's grace period counts from the last Allocate
         if hook is not None:
             ensure_file(preload_file(self._root), HOOK_CONTAINER_PATH + "\n")
         return grant

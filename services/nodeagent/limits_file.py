@@ -97,3 +97,34 @@ def write(container_dir: Path, limits: ContainerLimits) -> Path:
     container_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(path, render(limits))
     return path
+
+
+def parse(text: str) -> ContainerLimits:
+    """Read back a limit file this agent wrote (after an agent restart); LimitsError if not."""
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key.strip()] = value.strip()
+    try:
+        if values.get("version") != str(FORMAT_VERSION):
+            raise LimitsError(f"unsupported limit file version {values.get('version')!r}")
+        count = int(values["device_count"])
+        devices = tuple(
+            DeviceLimit(
+                uuid=values[f"device.{i}.uuid"],
+                memory_limit_mib=int(values[f"device.{i}.memory_limit_mib"]),
+                cores=int(values.get(f"device.{i}.cores", "0")),
+            )
+            for i in range(count)
+        )
+        return ContainerLimits(
+            namespace=values["namespace"],
+            pod=values["pod"],
+            container=values["container"],
+            devices=devices,
+        )
+    except KeyError as exc:
+        raise LimitsError(f"limit file lacks {exc.args[0]}") from exc
+    except ValueError as exc:
+        raise LimitsError(f"limit file has a bad number: {exc}") from exc

@@ -67,6 +67,8 @@ def container_response(grant: ContainerGrant) -> pb.ContainerAllocateResponse:
             pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
             for m in grant.mounts
         ],
+        annotations=grant.annotations,
+        cdi_devices=[pb.CDIDevice(name=name) for name in grant.cdi_devices],
     )
 
 

@@ -58,5 +58,26 @@ class PodResourcesClient:
         response = await self._stub.List(pr.ListPodResourcesRequest(), timeout=self._timeout_s)
         return holders_of(response, resource_name, device_ids)
 
+    async def held(self, resource_name: str) -> list[set[str]]:
+        """Raises grpc.aio.AioRpcError when the kubelet does not answer."""
+        response = await self._stub.List(pr.ListPodResourcesRequest(), timeout=self._timeout_s)
+        return held_device_sets(response, resource_name)
+
     async def close(self) -> None:
         await self._channel.close()
+
+
+def held_device_sets(response: pr.ListPodResourcesResponse, resource_name: str) -> list[set[str]]:
+    """Every listed container's device IDs of `resource_name` (non-empty sets only)."""
+    found: list[set[str]] = []
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            held = {
+                device_id
+                for devices in container.devices
+                if devices.resource_name == resource_name
+                for device_id in devices.device_ids
+            }
+            if held:
+                found.append(held)
+    return found

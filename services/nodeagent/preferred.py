@@ -66,19 +66,24 @@ def pick_on_gpus(
 def spread_pick(
     available: list[str], must_include: list[str], size: int, gpu_of: GpuOf
 ) -> list[str]:
-    """`must_include`, then one ID per distinct GPU in index order, then second IDs, ..."""
+    """`must_include`, then one ID per distinct GPU, then second IDs, ...; within a round the
+    GPU with the most available IDs (the fewest sharers) first, then index order. Without a
+    hint every container would otherwise pile onto GPU 0 until its IDs run out."""
     known = _known(available, gpu_of)
     chosen = [device_id for device_id in must_include if device_id in known][:size]
     used = {known[device_id].uuid for device_id in chosen}
+    free_on_gpu: dict[str, int] = {}
+    for gpu in known.values():
+        free_on_gpu[gpu.uuid] = free_on_gpu.get(gpu.uuid, 0) + 1
     seen_on_gpu: dict[str, int] = {}
-    ranked: list[tuple[int, int, str]] = []
+    ranked: list[tuple[int, int, int, str]] = []
     for device_id in _by_replica([d for d in known if d not in chosen]):
         gpu = known[device_id]
         position = seen_on_gpu.get(gpu.uuid, 0)
         seen_on_gpu[gpu.uuid] = position + 1
         # A GPU already holding a must_include ID joins from the second round on.
-        ranked.append((position + (gpu.uuid in used), gpu.index, device_id))
-    chosen.extend(device_id for _, _, device_id in sorted(ranked)[: size - len(chosen)])
+        ranked.append((position + (gpu.uuid in used), -free_on_gpu[gpu.uuid], gpu.index, device_id))
+    chosen.extend(device_id for *_, device_id in sorted(ranked)[: size - len(chosen)])
     return chosen
 
 

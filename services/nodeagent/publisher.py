@@ -9,9 +9,12 @@ from collections.abc import Awaitable, Callable
 
 from services.common import subjects
 from services.common.bus import Bus
-from services.common.schemas import NodeInventory, NodeUsage
+from services.common.schemas import GpuUsage, NodeInventory, NodeUsage
 from services.nodeagent.catalog import DeviceCatalog
-from services.nodeagent.gpus.backend import GpuBackend
+from services.nodeagent.gpus.backend import GpuBackend, GpuProcess
+
+# Called with every usage sample, e.g. to attribute processes to containers.
+SampleSink = Callable[[list[GpuUsage], list[GpuProcess]], Awaitable[None]]
 
 log = logging.getLogger("vgpu.nodeagent")
 
@@ -36,6 +39,7 @@ class Publisher:
         heartbeat_s: float,
         usage_interval_s: float,
         agent_version: str,
+        on_sample: SampleSink | None = None,
     ) -> None:
         self._bus = bus
         self._node = node_name
@@ -44,6 +48,7 @@ class Publisher:
         self._heartbeat_s = heartbeat_s
         self._usage_interval_s = usage_interval_s
         self._agent_version = agent_version
+        self._on_sample = on_sample
         self._seq = 0
         self._lock = asyncio.Lock()  # one publication at a time keeps seq in send order
         self._tasks: list[asyncio.Task[None]] = []
@@ -65,12 +70,20 @@ class Publisher:
                 agent_version=self._agent_version,
                 heartbeat_s=self._heartbeat_s,
                 seq=self._seq,
+                driver_version=self._backend.driver_version(),
+                cuda_version=self._backend.cuda_version(),
             )
             await self._bus.publish(subjects.inventory(self._node), inventory)
 
+    def _sample(self) -> tuple[list[GpuUsage], list[GpuProcess]]:
+        processes = self._backend.processes() if self._on_sample is not None else []
+        return self._backend.usage(), processes
+
     async def publish_usage(self) -> None:
-        usage = NodeUsage(node=self._node, gpus=self._backend.usage())
-        await self._bus.publish(subjects.usage(self._node), usage)
+        gpus, processes = await asyncio.to_thread(self._sample)  # NVML calls block
+        await self._bus.publish(subjects.usage(self._node), NodeUsage(node=self._node, gpus=gpus))
+        if self._on_sample is not None:
+            await self._on_sample(gpus, processes)
 
     async def stop(self) -> None:
         tasks, self._tasks = self._tasks, []

@@ -1,14 +1,23 @@
 """Serve the plugin socket, then register it with the kubelet (in that order: the kubelet
-dials the plugin while handling Register)."""
+dials the plugin while handling Register), and do both again whenever the kubelet restarts.
+
+A restarting kubelet wipes the plugin directory and re-creates `kubelet.sock`; it forgets
+every plugin. The supervisor polls the two sockets (a stat every `watch_interval_s`, which is
+cheap and works on every filesystem, unlike inotify inside some container runtimes): when
+`kubelet.sock` is a new file, or our own socket is gone, it serves a fresh socket and
+registers again.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import os
 from pathlib import Path
 
 import grpc
+from prometheus_client import Counter
 
 from services.common.kubelet import deviceplugin_v1beta1_pb2 as pb
 from services.common.kubelet import deviceplugin_v1beta1_pb2_grpc as pb_grpc
@@ -17,6 +26,22 @@ log = logging.getLogger("vgpu.nodeagent")
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
+
+REGISTRATIONS = Counter(
+    "vgpu_nodeagent_registrations_total",
+    "Successful registrations with the kubelet (more than one: the kubelet restarted)",
+    ["node"],
+)
+
+FileIdentity = tuple[int, int, int]  # device, inode, ctime: a re-created file differs
+
+
+def file_identity(path: Path) -> FileIdentity | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return (stat.st_dev, stat.st_ino, stat.st_ctime_ns)
 
 
 class DevicePluginServer:
@@ -28,17 +53,22 @@ class DevicePluginServer:
         socket_name: str,
         resource_name: str,
         options: pb.DevicePluginOptions,
+        node_name: str = "",
         retry_s: float = 0.5,
+        watch_interval_s: float = 1.0,
     ) -> None:
         self._servicer = servicer
         self._plugin_dir = Path(plugin_dir)
         self._socket_name = socket_name
         self._resource = resource_name
         self._options = options
+        self._node = node_name
         self._retry_s = retry_s
+        self._watch_s = watch_interval_s
         self._server: grpc.aio.Server | None = None
-        self._register_task: asyncio.Task[None] | None = None
+        self._supervisor: asyncio.Task[None] | None = None
         self.registered = asyncio.Event()
+        self.registrations = 0
 
     @property
     def socket_path(self) -> Path:
@@ -49,6 +79,12 @@ class DevicePluginServer:
         return self._plugin_dir / KUBELET_SOCKET
 
     async def start(self) -> None:
+        await self._serve()
+        self._supervisor = asyncio.create_task(self._supervise(), name="device-plugin-supervisor")
+
+    async def _serve(self) -> None:
+        """(Re)start the gRPC server on a fresh socket file."""
+        await self._stop_server(0.5)
         self._plugin_dir.mkdir(parents=True, exist_ok=True)
         self.socket_path.unlink(missing_ok=True)  # stale socket of an earlier run
         server = grpc.aio.server()
@@ -58,9 +94,33 @@ class DevicePluginServer:
         await server.start()
         self._server = server
         log.info("device plugin serving", extra={"socket": str(self.socket_path)})
-        self._register_task = asyncio.create_task(self._register_until_accepted())
 
-    async def _register_until_accepted(self) -> None:
+    async def _supervise(self) -> None:
+        while True:
+            kubelet = await self._register_until_accepted()
+            while True:
+                await asyncio.sleep(self._watch_s)
+                now = file_identity(self.kubelet_socket)
+                if not self.socket_path.exists():
+                    log.warning(
+                        "plugin socket removed (kubelet restart?); serving and registering again",
+                        extra={"socket": str(self.socket_path)},
+                    )
+                    break
+                if now is not None and now != kubelet:
+                    log.warning(
+                        "kubelet.sock was re-created (kubelet restart); registering again",
+                        extra={"kubelet_socket": str(self.kubelet_socket)},
+                    )
+                    break
+            self.registered.clear()
+            try:
+                await self._serve()
+            except OSError:
+                log.exception("cannot serve the device plugin again; retrying")
+                await asyncio.sleep(self._retry_s)
+
+    async def _register_until_accepted(self) -> FileIdentity | None:
         request = pb.RegisterRequest(
             version=API_VERSION,
             endpoint=self._socket_name,  # relative to the plugin directory, as the kubelet wants
@@ -70,14 +130,21 @@ class DevicePluginServer:
         attempt = 0
         while True:
             attempt += 1
+            identity = file_identity(self.kubelet_socket)
             error = await self._register_once(request)
             if error is None:
+                self.registrations += 1
+                REGISTRATIONS.labels(node=self._node).inc()
                 self.registered.set()
                 log.info(
                     "registered with the kubelet",
-                    extra={"resource": self._resource, "kubelet_socket": str(self.kubelet_socket)},
+                    extra={
+                        "resource": self._resource,
+                        "kubelet_socket": str(self.kubelet_socket),
+                        "registrations": self.registrations,
+                    },
                 )
-                return
+                return identity
             if attempt == 1 or attempt % 20 == 0:
                 log.warning(
                     "kubelet registration failed; retrying",
@@ -104,13 +171,16 @@ class DevicePluginServer:
                 f"within {timeout_s}s"
             ) from None
 
-    async def stop(self, grace_s: float = 1.0) -> None:
-        task, self._register_task = self._register_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    async def _stop_server(self, grace_s: float) -> None:
         server, self._server = self._server, None
         if server is not None:
             await server.stop(grace_s)
             self.socket_path.unlink(missing_ok=True)
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        task, self._supervisor = self._supervisor, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._stop_server(grace_s)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,6 +29,7 @@ from services.common.bus import Bus, BusError
 from services.common.schemas import ClaimReply, ClaimRequest
 from services.common.tracing import context_from_traceparent, tracer
 from services.nodeagent import limits_file
+from services.nodeagent.containers import ResolvedContainer, record_owner
 from services.nodeagent.grant import ContainerGrant
 from services.nodeagent.limits_file import LimitsError
 from services.nodeagent.podresources import ContainerRef
@@ -85,6 +87,7 @@ class AllocationResolver:
         locator: ContainerLocator,
         resolve_timeout_s: float,
         poll_interval_s: float = 0.05,
+        on_resolved: Callable[[ResolvedContainer], Awaitable[object]] | None = None,
     ) -> None:
         self._node = node_name
         self._resource = resource_name
@@ -92,6 +95,7 @@ class AllocationResolver:
         self._locator = locator
         self._timeout_s = resolve_timeout_s
         self._poll_s = poll_interval_s
+        self._on_resolved = on_resolved
         self._tasks: set[asyncio.Task[None]] = set()
 
     def track(self, call: AllocateCall) -> None:
@@ -118,7 +122,13 @@ class AllocationResolver:
             limits = limits_file.limits_from_decision(
                 ref.namespace, ref.pod, ref.container, grant.gpu_uuids, reply.allocation
             )
+            resolved = ResolvedContainer(grant.key, grant.host_dir, limits, reply.pod_uid)
             write_started = time.time_ns()
+            record_owner(resolved)
+            if self._on_resolved is not None:
+                # The relay socket exists before the limit file: a hook that found its
+                # limits can always connect.
+                await self._on_resolved(resolved)
             path = limits_file.write(grant.host_dir, limits)
             write_ended = time.time_ns()
         except ResolveFailure as exc:

@@ -1,7 +1,9 @@
-"""The node agent: device plugin for the kubelet, GPU inventory and usage for NATS."""
+"""The node agent: device plugin for the kubelet, GPU inventory and usage for NATS, node
+labels, XID health, the hooks' relay, and cleanup of per-container directories."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from importlib import metadata
@@ -9,17 +11,23 @@ from pathlib import Path
 
 from services.common import subjects
 from services.common.bus import Bus
-from services.common.schemas import GpuDevice
+from services.common.schemas import GpuDevice, GpuUsage
 from services.common.tracing import setup_tracing
+from services.nodeagent import containers
 from services.nodeagent.catalog import DeviceCatalog
+from services.nodeagent.cleanup import DirectoryJanitor
 from services.nodeagent.device_watch import DeviceWatcher
-from services.nodeagent.gpus import GpuBackend, backend_for
+from services.nodeagent.gpus import GpuBackend, GpuProcess, NvmlInitError, backend_for
 from services.nodeagent.grant import GrantIssuer
+from services.nodeagent.health import HealthMarks, HealthMonitor, parse_xids
+from services.nodeagent.labels import NodeLabeler, gpu_labels, labeler_for
 from services.nodeagent.plugin import OPTIONS, DevicePluginServicer
 from services.nodeagent.podresources import PodResourcesClient
 from services.nodeagent.preferred import PreferenceAdvisor
+from services.nodeagent.process_map import ProcessAttributor
 from services.nodeagent.publisher import Publisher
 from services.nodeagent.registration import DevicePluginServer
+from services.nodeagent.relay import RelayHub
 from services.nodeagent.resolver import AllocationResolver
 from services.nodeagent.settings import NodeAgentSettings, check_settings
 
@@ -34,16 +42,34 @@ def agent_version() -> str:
 
 
 class NodeAgent:
-    """Serves one node. Keeps no placement state: only which GPU each device ID names."""
+    """Serves one node. Keeps no placement state: only which GPU each device ID names, and
+    whose each per-container directory is."""
 
-    def __init__(self, settings: NodeAgentSettings, gpu_backend: GpuBackend | None = None) -> None:
+    def __init__(
+        self,
+        settings: NodeAgentSettings,
+        gpu_backend: GpuBackend | None = None,
+        labeler: NodeLabeler | None = None,
+    ) -> None:
         check_settings(settings)
         subjects.node_token(settings.node_name)  # the name must fit in a NATS subject
         self._settings = settings
-        self._backend = gpu_backend or backend_for(settings.node_name, settings.simulate)
+        # Simulated GPUs are made now so a bad spec fails at once; NVML starts in start().
+        if gpu_backend is None and settings.simulate:
+            gpu_backend = backend_for(settings.node_name, settings.simulate)
+        self._backend = gpu_backend
+        self._labeler = (
+            labeler
+            if labeler is not None
+            else labeler_for(settings.node_labeler, settings.node_name)
+        )
         self._stack = contextlib.AsyncExitStack()
         self._plugin_server: DevicePluginServer | None = None
         self._catalog: DeviceCatalog | None = None
+        self._watcher: DeviceWatcher | None = None
+        self._relay: RelayHub | None = None
+        self._janitor: DirectoryJanitor | None = None
+        self.idle_reason = ""  # why the agent serves nothing (no NVML, no GPU), if it does not
 
     @property
     def node_name(self) -> str:
@@ -55,14 +81,34 @@ class NodeAgent:
 
     @property
     def gpu_backend(self) -> GpuBackend:
+        if self._backend is None:
+            raise RuntimeError("the node agent has no GPU backend (not started, or idle)")
         return self._backend
 
     @property
+    def labeler(self) -> NodeLabeler | None:
+        return self._labeler
+
+    @property
+    def relay(self) -> RelayHub:
+        if self._relay is None:
+            raise RuntimeError("node agent is not started")
+        return self._relay
+
+    @property
+    def janitor(self) -> DirectoryJanitor:
+        if self._janitor is None:
+            raise RuntimeError("node agent is not started")
+        return self._janitor
+
+    @property
     def gpus(self) -> list[GpuDevice]:
-        return self._catalog.gpus if self._catalog is not None else self._backend.devices()
+        if self._catalog is not None:
+            return self._catalog.gpus
+        return self._backend.devices() if self._backend is not None else []
 
     async def start(self) -> None:
-        if self._plugin_server is not None:
+        if self._plugin_server is not None or self.idle_reason:
             return
         try:
             await self._start()
@@ -70,45 +116,128 @@ class NodeAgent:
             await self.stop()
             raise
 
+    def _open_backend(self) -> GpuBackend | None:
+        s = self._settings
+        if self._backend is not None:
+            return self._backend
+        try:
+            self._backend = backend_for(s.node_name, s.simulate, s.sysfs_root)
+        except NvmlInitError as exc:
+            if s.fail_on_init_error:
+                raise NvmlInitError(
+                    f"{exc} (set fail_on_init_error=false to idle on nodes without GPUs)"
+                ) from exc
+            self.idle_reason = f"NVML unavailable: {exc}"
+            return None
+        return self._backend
+
     async def _start(self) -> None:
         s = self._settings
         setup_tracing("vgpu-nodeagent", s.otlp_endpoint)
+        backend = await asyncio.to_thread(self._open_backend)
+        if backend is None:
+            log.warning("node agent idle", extra={"node": s.node_name, "reason": self.idle_reason})
+            return
+        self._stack.callback(backend.close)
+        marks = HealthMarks()
+        first = await asyncio.to_thread(lambda: marks.apply(backend.devices()))
+        if not first:
+            # As NVIDIA's plugin: a node without GPUs registers nothing and waits.
+            self.idle_reason = "no GPUs found"
+            log.warning("node agent idle", extra={"node": s.node_name, "reason": self.idle_reason})
+            return
         stack = self._stack
         bus = await Bus.connect(s.nats_url, f"vgpu-nodeagent-{s.node_name}")
         stack.push_async_callback(bus.close)
         locator = PodResourcesClient(s.pod_resources_socket)
         stack.push_async_callback(locator.close)
-        catalog = DeviceCatalog(self._backend.devices(), s.split_count)
+        catalog = DeviceCatalog(first, s.split_count)
         self._catalog = catalog
+
+        attributor = ProcessAttributor(Path(s.proc_root))
+        relay = RelayHub(
+            node_name=s.node_name,
+            bus=bus,
+            host_index={gpu.uuid: gpu.index for gpu in first},
+            attributor=attributor,
+            publish_interval_s=s.relay_publish_interval_s,
+            util_interval_s=s.util_interval_s,
+        )
+        self._relay = relay
+        stack.push_async_callback(relay.stop)
+        for restored in containers.restore(Path(s.container_root)):
+            await relay.open(restored)  # an agent restart keeps serving running containers
+        await relay.start()
+
+        async def on_sample(gpus: list[GpuUsage], processes: list[GpuProcess]) -> None:
+            figures = attributor.attribute(processes, relay.peers(), relay.containers)
+            relay.observe(gpus, figures)
+
         publisher = Publisher(
             bus=bus,
             node_name=s.node_name,
-            backend=self._backend,
+            backend=backend,
             catalog=catalog,
             heartbeat_s=s.heartbeat_s,
             usage_interval_s=s.usage_interval_s,
             agent_version=agent_version(),
+            on_sample=on_sample,
         )
         await publisher.start()
         stack.push_async_callback(publisher.stop)
+        await self._label(catalog.gpus)
+
+        async def on_change() -> None:
+            await publisher.publish_inventory()
+            await self._label(catalog.gpus)
+
+        watcher = DeviceWatcher(backend, catalog, on_change, s.usage_interval_s, marks)
+        self._watcher = watcher
+        watcher.start()
+        stack.push_async_callback(watcher.stop)
+        if s.health_checks:
+            monitor = HealthMonitor(
+                node_name=s.node_name,
+                backend=backend,
+                marks=marks,
+                ignored_xids=parse_xids(s.ignored_xids),
+                on_change=watcher.refresh,
+            )
+            monitor.start()
+            stack.push_async_callback(monitor.stop)
+
         resolver = AllocationResolver(
             node_name=s.node_name,
             resource_name=s.resource_name,
             bus=bus,
             locator=locator,
             resolve_timeout_s=s.resolve_timeout_s,
+            on_resolved=relay.open,
         )
         stack.push_async_callback(resolver.stop)
-        watcher = DeviceWatcher(
-            self._backend, catalog, publisher.publish_inventory, s.usage_interval_s
+        janitor = DirectoryJanitor(
+            node_name=s.node_name,
+            container_root=Path(s.container_root),
+            resource_name=s.resource_name,
+            locator=locator,
+            on_remove=relay.close,
+            grace_s=s.container_dir_grace_s,
+            interval_s=s.cleanup_interval_s,
         )
-        watcher.start()
-        stack.push_async_callback(watcher.stop)
+        self._janitor = janitor
+        janitor.start()
+        stack.push_async_callback(janitor.stop)
         servicer = DevicePluginServicer(
             node_name=s.node_name,
             catalog=catalog,
             advisor=PreferenceAdvisor(bus, s.node_name, catalog.gpu_of),
-            issuer=GrantIssuer(catalog, Path(s.container_root), Path(s.hook_library)),
+            issuer=GrantIssuer(
+                catalog,
+                Path(s.container_root),
+                Path(s.hook_library),
+                s.device_list_strategy,
+                s.cdi_kind,
+            ),
             resolver=resolver,
         )
         plugin_server = DevicePluginServer(
@@ -117,6 +246,8 @@ class NodeAgent:
             socket_name=s.socket_name,
             resource_name=s.resource_name,
             options=OPTIONS,
+            node_name=s.node_name,
+            watch_interval_s=s.kubelet_watch_interval_s,
         )
         stack.push_async_callback(plugin_server.stop)
         stack.push_async_callback(catalog.close)  # runs first on stop: ends ListAndWatch streams
@@ -129,16 +260,44 @@ class NodeAgent:
                 "gpus": len(catalog.gpus),
                 "devices": len(catalog.gpus) * s.split_count,
                 "socket": str(self.socket_path),
-                "driver": self._backend.driver_version(),
+                "driver": backend.driver_version(),
+                "cuda": backend.cuda_version(),
             },
         )
+
+    async def _label(self, gpus: list[GpuDevice]) -> None:
+        if self._labeler is None or self._backend is None:
+            return
+        labels = gpu_labels(
+            gpus,
+            self._backend.driver_version(),
+            self._backend.cuda_version(),
+            self._settings.split_count,
+        )
+        try:
+            await self._labeler.apply(labels)
+        except Exception as exc:  # labels are a convenience: never stop serving for them
+            log.warning("cannot label the node", extra={"node": self.node_name, "error": str(exc)})
+
+    async def refresh_devices(self) -> bool:
+        """Re-read the GPUs now (instead of at the next poll); True if anything changed."""
+        if self._watcher is None:
+            return False
+        return await self._watcher.refresh()
 
     async def wait_registered(self, timeout_s: float = 10.0) -> None:
         if self._plugin_server is None:
             raise RuntimeError("node agent is not started")
         await self._plugin_server.wait_registered(timeout_s)
 
+    @property
+    def registrations(self) -> int:
+        return 0 if self._plugin_server is None else self._plugin_server.registrations
+
     async def stop(self) -> None:
         stack, self._stack = self._stack, contextlib.AsyncExitStack()
         self._plugin_server = None
+        self._watcher = None
+        self._relay = None
+        self._janitor = None
         await stack.aclose()

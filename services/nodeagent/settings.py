@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import msgspec
 
+from services.nodeagent.grant import STRATEGIES
+from services.nodeagent.health import DEFAULT_IGNORED_XIDS, parse_xids
+
 
 class NodeAgentSettings(msgspec.Struct, kw_only=True, frozen=True):
     node_name: str
     nats_url: str = "nats://127.0.0.1:4222"
     # Simulated GPUs, e.g. "4xA100-40GB" or "2xA100-40GB,1xT4"; empty means real GPUs (NVML).
     simulate: str = ""
+    # NVML cannot start: true = exit with the reason (NVIDIA's default); false = idle quietly
+    # (for DaemonSets that also land on nodes without GPUs).
+    fail_on_init_error: bool = True
     plugin_dir: str = "/var/lib/kubelet/device-plugins"
     socket_name: str = "vgpu.sock"
     resource_name: str = "nvidia.com/gpu"
@@ -17,9 +23,22 @@ class NodeAgentSettings(msgspec.Struct, kw_only=True, frozen=True):
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     container_root: str = "/var/run/vgpu/containers"
     hook_library: str = "/usr/local/vgpu/libvgpu.so"
+    # How GPUs reach the runtime: envvar (NVIDIA_VISIBLE_DEVICES), cdi-cri or cdi-annotations.
+    device_list_strategy: str = "envvar"
+    cdi_kind: str = "nvidia.com/gpu"
+    health_checks: bool = True  # watch NVML XID events
+    ignored_xids: str = DEFAULT_IGNORED_XIDS  # application XIDs that say nothing about the GPU
+    node_labeler: str = "memory"  # none | memory | kubernetes (patch the Node's labels)
     heartbeat_s: float = 5.0
     usage_interval_s: float = 2.0
     resolve_timeout_s: float = 30.0
+    kubelet_watch_interval_s: float = 1.0  # how often to look for a re-created kubelet.sock
+    relay_publish_interval_s: float = 1.0  # ContainerUsage at most this often per container
+    util_interval_s: float = 0.5  # `util` lines to the hooks
+    cleanup_interval_s: float = 30.0  # look for directories of containers that are gone
+    container_dir_grace_s: float = 600.0  # keep an unlisted directory this long after Allocate
+    proc_root: str = "/proc"  # the host's /proc (the DaemonSet runs with hostPID)
+    sysfs_root: str = "/sys"
     otlp_endpoint: str = ""
     log_level: str = "info"
 
@@ -40,6 +59,28 @@ def check_settings(settings: NodeAgentSettings) -> None:
             f"resource_name must be an extended resource like nvidia.com/gpu, "
             f"got {settings.resource_name!r}"
         )
-    for field in ("heartbeat_s", "usage_interval_s", "resolve_timeout_s"):
+    if settings.device_list_strategy not in STRATEGIES:
+        raise ValueError(
+            f"device_list_strategy must be one of {', '.join(STRATEGIES)}, "
+            f"got {settings.device_list_strategy!r}"
+        )
+    if settings.node_labeler not in ("none", "memory", "kubernetes"):
+        raise ValueError(
+            f"node_labeler must be none, memory or kubernetes, got {settings.node_labeler!r}"
+        )
+    parse_xids(settings.ignored_xids)
+    for field in (
+        "heartbeat_s",
+        "usage_interval_s",
+        "resolve_timeout_s",
+        "kubelet_watch_interval_s",
+        "relay_publish_interval_s",
+        "util_interval_s",
+        "cleanup_interval_s",
+    ):
         if getattr(settings, field) <= 0:
             raise ValueError(f"{field} must be positive, got {getattr(settings, field)}")
+    if settings.container_dir_grace_s < 0:
+        raise ValueError(
+            f"container_dir_grace_s must not be negative, got {settings.container_dir_grace_s}"
+        )

@@ -32,6 +32,7 @@ log = logging.getLogger("vgpu.kubeletsim")
 _tracer = tracer("vgpu.kubeletsim")
 
 KUBELET_SOCKET = "kubelet.sock"
+CHECKPOINT = "kubelet_internal_checkpoint"  # the one file a restarting kubelet keeps
 
 __all__ = ["AdmitResult", "KubeletSimSettings", "KubeletSimulator", "PodError"]
 
@@ -110,7 +111,9 @@ class KubeletSimulator:
             runner = web.AppRunner(build_app(self), access_log=None)
             await runner.setup()
             self._runner = runner
-            site = web.TCPSite(runner, self._settings.http_host, self._settings.http_port)
+            # A restart keeps the HTTP port, so `vgpu submit` finds the kubelet again.
+            port = self._port or self._settings.http_port
+            site = web.TCPSite(runner, self._settings.http_host, port)
             await site.start()
             self._port = runner.addresses[0][1]
         except BaseException:
@@ -134,6 +137,17 @@ class KubeletSimulator:
             await server.stop(0.5)
             socket_path.unlink(missing_ok=True)
         await self._registry.close()
+
+    async def restart(self) -> None:
+        """As a kubelet restart: every plugin is forgotten, the plugin directory is wiped
+        (the kubelet keeps only its checkpoint) and `kubelet.sock` is created anew. Admitted
+        pods survive, as in the kubelet's checkpoint."""
+        await self.stop()
+        if self._plugin_dir.is_dir():
+            for entry in self._plugin_dir.iterdir():
+                if entry.name != CHECKPOINT and not entry.is_dir():
+                    entry.unlink(missing_ok=True)
+        await self.start()
 
     async def wait_for_resource(self, name: str, timeout: float = 10.0) -> list[str]:
         """Wait until a plugin for `name` registered and listed devices; their IDs."""

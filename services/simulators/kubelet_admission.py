@@ -57,6 +57,7 @@ def _add_response(admitted: AdmittedContainer, response: pb.ContainerAllocateRes
         )
         for d in response.devices
     )
+    admitted.cdi_devices.extend(d.name for d in response.cdi_devices)
 
 
 class Admitter:

@@ -27,6 +27,7 @@ class AdmittedContainer(msgspec.Struct, kw_only=True):
     mounts: list[MountInfo] = []
     devices: list[DeviceSpecInfo] = []
     annotations: dict[str, str] = {}
+    cdi_devices: list[str] = []
 
 
 class AdmitResult(msgspec.Struct, kw_only=True):

@@ -164,7 +164,8 @@ async def test_only_input_names_come_back(allocator: Allocator, bus: Bus, http) 
     assert result["NodeNames"] == ["n2", "n0"]
 
 
-async def test_prioritize_binpacks_on_memory(allocator: Allocator, bus: Bus, http) -> None:
+async def test_prioritize_binpacks_on_memory(make_allocator: MakeAllocator, bus: Bus, http) -> None:
+    allocator = await make_allocator(node_policy="binpack", gpu_policy="binpack")
     await give_nodes(bus, allocator, node_inventory("n1", 1), node_inventory("n2", 1))
     busy = pod("busy", [container("main", mem=20480)])
     admit_to_cluster(allocator, busy)

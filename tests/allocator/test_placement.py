@@ -1,132 +1,199 @@
-"""First-fit placement, pure: no NATS, no HTTP."""
+"""Placement on nodes through the placement core: fit, policies, selection. No I/O."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from services.allocator.placement import (
-    NoFit,
-    Reserved,
-    capacity_problem,
-    describe_request,
-    never_fits,
-    place,
-    place_on,
-)
-from services.common.schemas import ContainerRequest, GpuSlice
+from services.allocator.cluster import CapacityConfig, ClusterState
+from services.allocator.core import PlacementCore, PodRef, Unplaceable
+from services.allocator.fragmentation import Shape, WorkloadMix
+from services.allocator.ledger import Ledger
+from services.allocator.placement import describe_request
+from services.common.schemas import ContainerRequest, GpuDevice, NodeInventory
 
-from .helpers import A100_MIB, gpu
+from .helpers import A100_MIB, container, gpu, pod
 
 
-def req(name: str = "c", gpus: int = 1, mem: int = 0, pct: int = 0, cores: int = 0):
-    return ContainerRequest(
-        container=name, gpus=gpus, memory_mib=mem, memory_percent=pct, cores=cores
+def make_core(
+    *inventories: NodeInventory, policy: str = "binpack", **capacity: Any
+) -> PlacementCore:
+    cluster = ClusterState(15, CapacityConfig(**capacity))
+    for inventory in inventories:
+        cluster.update(inventory)
+    return PlacementCore(cluster, Ledger(cluster), node_policy=policy, gpu_policy=policy)
+
+
+def node(name: str = "n", count: int = 4, **fields: Any) -> NodeInventory:
+    return NodeInventory(node=name, gpus=[gpu(name, i) for i in range(count)], **fields)
+
+
+def place(core: PlacementCore, p: dict[str, Any], on: str = "n") -> dict[str, list[str]]:
+    request = core.parse(p)
+    allocation = core.commit(
+        PodRef("default", p["metadata"]["name"], p["metadata"]["uid"]), on, request
     )
+    return {name: [s.uuid for s in c.slices] for name, c in allocation.containers.items()}
 
 
-GPUS = [gpu("n", i) for i in range(4)]
+def test_binpack_fills_the_fuller_gpu_and_spread_the_emptier() -> None:
+    for policy, expected in (("binpack", "GPU-n-0"), ("spread", "GPU-n-1")):
+        core = make_core(node(count=2), policy=policy)
+        place(core, pod("first", [container("m", mem=10000)]))  # lands on GPU 0 either way
+        assert place(core, pod("second", [container("m", mem=1000)])) == {"m": [expected]}
 
 
-def test_first_fit_takes_the_lowest_index_with_room() -> None:
-    placed = place([req(mem=10000, cores=30)], GPUS, {"GPU-n-0": Reserved(35000, 0)})
-    assert placed == {"c": [GpuSlice(uuid="GPU-n-1", index=1, memory_mib=10000, cores=30)]}
+def test_ties_go_to_the_lowest_index_and_gpus_are_distinct() -> None:
+    core = make_core(node(count=4))
+    assert place(core, pod("a", [container("m", gpus=3, mem=1000)])) == {
+        "m": ["GPU-n-0", "GPU-n-1", "GPU-n-2"]
+    }
 
 
-def test_gpu_order_follows_index_not_input_order() -> None:
-    placed = place([req(mem=1000)], list(reversed(GPUS)), {})
-    assert [s.uuid for s in placed["c"]] == ["GPU-n-0"]
+def test_memory_percent_is_of_the_card_minus_the_reserve() -> None:
+    core = make_core(node(count=1), memory_reserve_mib=960)
+    p = pod("p", [container("m", percent=50)])
+    allocation = core.commit(PodRef("default", "p", p["metadata"]["uid"]), "n", core.parse(p))
+    assert allocation.containers["m"].slices[0].memory_mib == (A100_MIB - 960) // 2
+    whole = pod("w", [container("m", gpus=1)])
+    with pytest.raises(Unplaceable, match="all of its memory"):
+        core.commit(PodRef("default", "w", "u"), "n", core.parse(whole))
 
 
-def test_containers_reserve_cumulatively() -> None:
-    placed = place([req("a", mem=30000), req("b", mem=30000), req("c", mem=5000)], GPUS, {})
-    assert [s.uuid for s in placed["a"]] == ["GPU-n-0"]
-    assert [s.uuid for s in placed["b"]] == ["GPU-n-1"]
-    assert [s.uuid for s in placed["c"]] == ["GPU-n-0"]  # 10960 MiB left on GPU 0
-
-
-def test_compute_share_is_reserved_too() -> None:
-    placed = place([req("a", mem=100, cores=70), req("b", mem=100, cores=40)], GPUS, {})
-    assert [s.uuid for s in placed["b"]] == ["GPU-n-1"]
-
-
-def test_multi_gpu_container_gets_distinct_gpus() -> None:
-    placed = place([req("a", gpus=3, mem=1000)], GPUS, {"GPU-n-1": Reserved(40000, 0)})
-    assert [s.uuid for s in placed["a"]] == ["GPU-n-0", "GPU-n-2", "GPU-n-3"]
-
-
-def test_memory_percent_and_whole_card() -> None:
-    small = gpu("n", 9, memory_mib=16000)
-    placed = place([req("p", pct=50), req("w", gpus=1, cores=100)], [small, *GPUS[:1]], {})
-    assert placed["p"][0].memory_mib == A100_MIB // 2
-    assert placed["p"][0].uuid == "GPU-n-0"  # index 0 comes first
-    assert placed["w"] == [GpuSlice(uuid="GPU-n-9", index=9, memory_mib=16000, cores=100)]
-
-
-def test_unhealthy_gpus_are_skipped() -> None:
-    gpus = [gpu("n", 0, healthy=False), gpu("n", 1)]
-    assert [s.uuid for s in place([req(mem=1)], gpus, {})["c"]] == ["GPU-n-1"]
+def test_unhealthy_and_mig_gpus_are_skipped() -> None:
+    gpus = [
+        GpuDevice(uuid="G0", index=0, model="A100", memory_mib=A100_MIB, healthy=False),
+        GpuDevice(uuid="G1", index=1, model="A100", memory_mib=A100_MIB, mig_mode=True),
+        GpuDevice(uuid="G2", index=2, model="A100", memory_mib=A100_MIB),
+    ]
+    core = make_core(NodeInventory(node="n", gpus=gpus))
+    assert place(core, pod("p", [container("m", mem=1)])) == {"m": ["G2"]}
 
 
 def test_no_fit_names_container_request_and_room() -> None:
-    gpus = [gpu("n", 0, healthy=False), gpu("n", 1)]
-    with pytest.raises(NoFit) as caught:
-        place([req("train", gpus=2, mem=20000, cores=30)], gpus, {})
-    message = str(caught.value)
+    core = make_core(NodeInventory(node="n", gpus=[gpu("n", 0, healthy=False), gpu("n", 1)]))
+    outcome = core.filter(
+        core.parse(pod("p", [container("train", gpus=2, mem=20000, cores=30)])), ["n"]
+    )
+    message = outcome.failed["n"]
     assert "'train'" in message
     assert "nvidia.com/gpu: 2, nvidia.com/gpumem: 20000, nvidia.com/gpucores: 30" in message
     assert "2 GPUs each with 20000 MiB and 30% compute free" in message
     assert "1 of 2 GPUs have that room, 1 unhealthy" in message
 
 
-def test_no_fit_counts_what_earlier_containers_took() -> None:
-    with pytest.raises(NoFit, match="'b'"):
-        place([req("a", gpus=2, cores=100), req("b", mem=1)], GPUS[:2], {})
+def test_task_slots_limit_sharers_per_gpu() -> None:
+    core = make_core(node(count=1), split_count=2)
+    place(core, pod("a", [container("m", mem=10)]))
+    place(core, pod("b", [container("m", mem=10)]))
+    outcome = core.filter(core.parse(pod("c", [container("m", mem=10)])), ["n"])
+    assert "0 of 1 GPUs have that room" in outcome.failed["n"]
+
+
+def test_oversubscription_scales_memory_and_marks_the_record() -> None:
+    core = make_core(node(count=1), node_memory_scaling={"n": 2.0})
+    p1, p2 = pod("a", [container("m", mem=30000)]), pod("b", [container("m", mem=30000)])
+    place(core, p1)
+    record = core.commit(PodRef("default", "b", p2["metadata"]["uid"]), "n", core.parse(p2))
+    assert record.memory_scaling == 2.0 and record.policy == "binpack/binpack"
+
+
+def test_gpu_type_and_uuid_selection() -> None:
+    gpus = [
+        GpuDevice(uuid="T0", index=0, model="Tesla T4", memory_mib=15000),
+        GpuDevice(uuid="A0", index=1, model="NVIDIA A100-SXM4-40GB", memory_mib=A100_MIB),
+        GpuDevice(uuid="A1", index=2, model="NVIDIA A100-SXM4-40GB", memory_mib=A100_MIB),
+    ]
+    core = make_core(NodeInventory(node="n", gpus=gpus))
+    p = pod("p", [container("m", mem=100)])
+    p["metadata"]["annotations"] = {
+        "nvidia.com/use-gputype": "a100",
+        "nvidia.com/nouse-gpuuuid": "A0",
+    }
+    assert place(core, p) == {"m": ["A1"]}
+    nobody = pod("q", [container("m", mem=100)])
+    nobody["metadata"]["annotations"] = {"nvidia.com/use-gputype": "H100"}
+    outcome = core.filter(core.parse(nobody), ["n", "other"])
+    reason = outcome.unresolvable["other"]
+    assert "can never fit" in reason and "nvidia.com/use-gputype=h100" in reason
+
+
+def test_numa_binding_keeps_a_container_on_one_numa_node() -> None:
+    gpus = [
+        GpuDevice(uuid=f"G{i}", index=i, model="A100", memory_mib=A100_MIB, numa_node=i % 2)
+        for i in range(4)
+    ]
+    core = make_core(NodeInventory(node="n", gpus=gpus))
+    p = pod("p", [container("m", gpus=2, mem=100)])
+    p["metadata"]["annotations"] = {"nvidia.com/numa-bind": "true"}
+    assert place(core, p) == {"m": ["G0", "G2"]}
+    three = pod("q", [container("m", gpus=3, mem=100)])
+    three["metadata"]["annotations"] = {"nvidia.com/numa-bind": "true"}
+    outcome = core.filter(core.parse(three), ["n"])
+    assert "nvidia.com/numa-bind" in outcome.unresolvable["n"]
+
+
+def test_topology_prefers_nvlink_connected_gpus() -> None:
+    links = {0: ["G3"], 3: ["G0"], 1: ["G2"], 2: ["G1"]}
+    gpus = [
+        GpuDevice(uuid=f"G{i}", index=i, model="A100", memory_mib=A100_MIB, nvlink_peers=links[i])
+        for i in range(4)
+    ]
+    core = make_core(NodeInventory(node="n", gpus=gpus), policy="topology")
+    assert place(core, pod("p", [container("m", gpus=2, mem=100)])) == {"m": ["G0", "G3"]}
+    p = pod("q", [container("m", gpus=2, mem=100)])
+    p["metadata"]["annotations"] = {"hami.io/gpu-scheduler-policy": "spread"}
+    assert place(core, p) == {"m": ["G1", "G2"]}  # the pod's own policy wins
+
+
+def test_fgd_avoids_leaving_a_sliver_no_common_shape_can_use() -> None:
+    core = make_core(node(count=2), policy="fgd")
+    core.mix = WorkloadMix(seed=[Shape(gpus=1, memory_percent=50, cores=50)] * 10)
+    place(core, pod("a", [container("m", percent=40, cores=40)]))  # GPU 0 keeps 60%
+    # Binpack would put a half on GPU 0 and leave 10% nobody can use; FGD takes GPU 1.
+    assert place(core, pod("b", [container("m", percent=50, cores=50)])) == {"m": ["GPU-n-1"]}
+    binpack = make_core(node(count=2), policy="binpack")
+    place(binpack, pod("a", [container("m", percent=40, cores=40)]))
+    assert place(binpack, pod("b", [container("m", percent=50, cores=50)])) == {"m": ["GPU-n-0"]}
+
+
+def test_fgd_node_scores_are_relative() -> None:
+    core = make_core(node("n1", count=1), node("n2", count=1), policy="fgd")
+    core.mix = WorkloadMix(seed=[Shape(gpus=1, memory_percent=50, cores=50)] * 10)
+    place(core, pod("a", [container("m", percent=40, cores=40)]), on="n1")
+    scores = core.prioritize(
+        core.parse(pod("b", [container("m", percent=50, cores=50)])), ["n1", "n2"]
+    )
+    assert scores == {"n1": 0, "n2": 10}
+
+
+def test_capacity_and_never_fits() -> None:
+    core = make_core(node("small", count=1), node("big", count=4))
+    outcome = core.filter(core.parse(pod("p", [container("main", gpus=2)])), ["small", "big"])
+    assert outcome.passed == ["big"]
+    assert "'small' can never hold it" in outcome.unresolvable["small"]
+    never = core.filter(core.parse(pod("q", [container("wide", gpus=5)])), ["small"])
+    assert "most GPUs on one node: 4" in never.unresolvable["small"]
+    together = core.filter(
+        core.parse(pod("r", [container("x", gpus=4), container("y", gpus=1)])), ["big"]
+    )
+    assert "together" in together.unresolvable["big"]
 
 
 def test_describe_request() -> None:
-    assert describe_request(req(gpus=1, cores=100)) == "nvidia.com/gpu: 1"
+    def req(gpus: int = 1, pct: int = 0, cores: int = 0) -> ContainerRequest:
+        return ContainerRequest(container="c", gpus=gpus, memory_percent=pct, cores=cores)
+
+    assert describe_request(req(cores=100)) == "nvidia.com/gpu: 1"
     assert (
-        describe_request(req(gpus=1, pct=25, cores=100))
+        describe_request(req(pct=25, cores=100))
         == "nvidia.com/gpu: 1, nvidia.com/gpumem-percentage: 25, nvidia.com/gpucores: 100"
     )
 
 
-def test_capacity_ignores_reservations_and_health() -> None:
-    gpus = [gpu("n", 0, healthy=False), gpu("n", 1)]
-    assert capacity_problem([req(gpus=2, cores=100)], gpus) is None
-    problem = capacity_problem([req(gpus=3)], gpus)
-    assert problem is not None and "3 GPUs" in str(problem)
-
-
-def test_never_fits_memory_larger_than_any_gpu() -> None:
-    cluster = {"a": [gpu("a", 0)], "b": [gpu("b", 0, memory_mib=80000)]}
-    reason = never_fits([req("big", mem=90000)], cluster)
-    assert reason is not None
-    assert "'big'" in reason and "nvidia.com/gpumem: 90000" in reason
-    assert "largest GPU: 80000 MiB" in reason
-    assert never_fits([req("ok", mem=70000)], cluster) is None
-
-
-def test_never_fits_more_gpus_than_any_node() -> None:
-    cluster = {"a": [gpu("a", i) for i in range(2)], "b": [gpu("b", i) for i in range(4)]}
-    reason = never_fits([req("wide", gpus=8)], cluster)
-    assert reason is not None and "most GPUs on one node: 4" in reason
-
-
-def test_never_fits_together() -> None:
-    cluster = {"a": [gpu("a", 0)]}
-    reason = never_fits([req("x", cores=100), req("y", cores=100)], cluster)
-    assert reason is not None and "'x', 'y'" in reason and "together" in reason
-
-
-def test_never_fits_says_nothing_without_a_cluster() -> None:
-    assert never_fits([req(mem=10**9)], {}) is None
-
-
-def test_place_on_exact_gpus_in_given_order() -> None:
-    slices = place_on(req(gpus=2, pct=10), [GPUS[3], GPUS[1]], {})
-    assert [s.uuid for s in slices] == ["GPU-n-3", "GPU-n-1"]
-    with pytest.raises(NoFit, match="GPU-n-1"):
-        place_on(req(gpus=2, mem=5000), [GPUS[3], GPUS[1]], {"GPU-n-1": Reserved(40000, 0)})
-    with pytest.raises(NoFit, match="needs 2 GPU"):
-        place_on(req(gpus=2), [GPUS[0]], {})
+def test_best_node_drives_filter_prioritize_and_pick_without_http() -> None:
+    core = make_core(node("n1", count=1), node("n2", count=1))
+    place(core, pod("a", [container("m", mem=10000)]), on="n2")
+    assert core.best_node(core.parse(pod("b", [container("m", mem=1000)]))) == "n2"  # binpack
+    assert core.best_node(core.parse(pod("c", [container("m", mem=10**6)]))) is None

@@ -1,16 +1,10 @@
-"""libvgpu-hook end to end: build the C code, then run real processes with the
-hook LD_PRELOADed in front of the simulated CUDA driver (libvgpu-hook/sim).
-
-The build runs once per session through libvgpu-hook/build.sh, the same script
-CI and developers use. SANITIZE=1 in the environment builds with ASan+UBSan and
-preloads the sanitizer runtime ahead of the hook.
-"""
+"""libvgpu-hook end to end, basics: the build, what is exported, the memory limit through
+cuMemAlloc, where the limits come from, and Python/ctypes through every way of finding the
+driver. Real processes, the hook LD_PRELOADed in front of the simulated driver."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -19,125 +13,53 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-HOOK_DIR = ROOT / "libvgpu-hook"
-BUILD = HOOK_DIR / "build"
-HOOK = BUILD / "libvgpu.so"
-SIM_DIR = BUILD / "sim"
-ALLOC_LIMIT = BUILD / "tests" / "alloc_limit"
-SANITIZE = os.environ.get("SANITIZE") == "1"
-
-CUDA_SUCCESS = 0
-CUDA_ERROR_INVALID_VALUE = 1
-CUDA_ERROR_OUT_OF_MEMORY = 2
-SIM_MIB = 40960  # the simulated driver's default device: 1x40960
-
-
-@pytest.fixture(scope="session")
-def build() -> Path:
-    if shutil.which("gcc") is None:
-        pytest.fail("gcc is required to build libvgpu-hook and was not found on PATH")
-    proc = subprocess.run(
-        ["sh", str(HOOK_DIR / "build.sh")], capture_output=True, text=True, timeout=300
-    )
-    if proc.returncode != 0:
-        pytest.fail(
-            f"libvgpu-hook/build.sh failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}"
-        )
-    return BUILD
-
-
-def limits_text(*memory_limit_mib: int) -> str:
-    lines = ["# written by the node agent", "version=1", "namespace=default", "pod=half-gpu"]
-    lines += ["container=main", f"device_count={len(memory_limit_mib)}"]
-    for i, mib in enumerate(memory_limit_mib):
-        lines += [f"device.{i}.uuid=GPU-{i:08x}", f"device.{i}.memory_limit_mib={mib}"]
-        lines += [f"device.{i}.cores=50"]
-    return "\n".join(lines) + "\n"
-
-
-def write_limits(container_dir: Path, text: str) -> Path:
-    """Atomically, as the node agent does: write a temp file, then rename."""
-    path = container_dir / "limits"
-    tmp = container_dir / ".limits.tmp"
-    tmp.write_text(text)
-    tmp.rename(path)
-    return path
-
-
-def _preload() -> str:
-    if not SANITIZE:
-        return str(HOOK)
-    # The ASan runtime must come first in the process's library list.
-    libasan = subprocess.run(
-        ["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    return f"{libasan}:{HOOK}"
-
-
-def hook_env(container_dir: Path, *, hook: bool = True, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VGPU_") and k != "LD_PRELOAD"}
-    env["LD_LIBRARY_PATH"] = str(SIM_DIR)
-    env["VGPU_CONTAINER_DIR"] = str(container_dir)
-    env["VGPU_LIMIT_WAIT_MS"] = "0"  # tests that wait say so
-    if hook:
-        env["LD_PRELOAD"] = _preload()
-    if SANITIZE:
-        env["ASAN_OPTIONS"] = "detect_leaks=0"  # python leaks by design
-    env.update(extra)
-    return env
-
-
-def run(
-    argv: list[str], container_dir: Path, *, hook: bool = True, **extra: str
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        argv,
-        env=hook_env(container_dir, hook=hook, **extra),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def summary(proc: subprocess.CompletedProcess[str]) -> dict[str, int]:
-    assert proc.stdout.strip(), f"no output; rc={proc.returncode}, stderr:\n{proc.stderr}"
-    last = proc.stdout.strip().splitlines()[-1]
-    return {k: int(v) for k, v in re.findall(r"(\w+)=(-?\d+)", last)}
+from tests.hook.harness import (
+    CUDA_ERROR_INVALID_VALUE,
+    CUDA_ERROR_OUT_OF_MEMORY,
+    HOOK,
+    HOOK_DIR,
+    SIM_MIB,
+    limits_text,
+    run,
+    summary,
+    tool,
+    write_limits,
+)
 
 
 def alloc(
     container_dir: Path, *args: object, hook: bool = True, **extra: str
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, int]]:
-    proc = run([str(ALLOC_LIMIT), *map(str, args)], container_dir, hook=hook, **extra)
+    proc = run([tool("alloc_limit"), *map(str, args)], container_dir, hook=hook, **extra)
     return proc, summary(proc)
 
 
 # --- C unit tests of the policy code (no interception) -------------------------------
 
 
-@pytest.mark.parametrize("program", ["limits_parse", "accounting_test"])
+@pytest.mark.parametrize("program", ["limits_parse", "track_test", "region_test", "policy_test"])
 def test_c_unit_tests(build: Path, program: str) -> None:
-    proc = subprocess.run([str(build / "tests" / program)], capture_output=True, text=True)
+    proc = subprocess.run([tool(program)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip() == f"{program}: ok"
 
 
-def test_only_the_interposers_are_exported(build: Path) -> None:
-    listed = (HOOK_DIR / "src" / "cuda_functions.def").read_text()
-    hooked = set(re.findall(r"^CUDA_HOOK\((\w+),", listed, re.MULTILINE))
-    assert hooked == {
-        "cuInit",
-        "cuMemAlloc_v2",
-        "cuMemFree_v2",
-        "cuMemGetInfo_v2",
-        "cuDeviceTotalMem_v2",
-    }
+def listed(pattern: str) -> set[str]:
+    names: set[str] = set()
+    for def_file in (HOOK_DIR / "src").glob("*.def"):
+        names |= set(re.findall(pattern, def_file.read_text(), re.MULTILINE))
+    return names
+
+
+def test_only_the_interposers_and_dlsym_are_exported(build: Path) -> None:
+    hooked = listed(r"^(?:CUDA|NVML)_HOOK\((\w+),")
+    assert {"cuGetProcAddress", "cuGetProcAddress_v2", "cuMemAllocAsync_ptsz"} <= hooked
+    assert {"nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2"} <= hooked
     nm = subprocess.run(
         ["nm", "-D", "--defined-only", str(HOOK)], capture_output=True, text=True, check=True
     )
     exported = {line.split()[-1] for line in nm.stdout.splitlines() if line.strip()}
-    assert exported == hooked
+    assert exported == hooked | {"dlsym"}
 
 
 # --- enforcement -----------------------------------------------------------------------
@@ -228,7 +150,7 @@ def test_malformed_limit_file_refuses_to_run(
     build: Path, tmp_path: Path, body: str, line: int, problem: str
 ) -> None:
     path = write_limits(tmp_path, body)
-    proc = run([str(ALLOC_LIMIT)], tmp_path, VGPU_MEMORY_LIMIT_MIB="512")
+    proc = run([tool("alloc_limit")], tmp_path, VGPU_MEMORY_LIMIT_MIB="512")
     assert proc.returncode == 1
     assert summary(proc) == {"init_result": CUDA_ERROR_INVALID_VALUE}
     assert f"vgpu-hook: {path}:{line}: {problem}\n" in proc.stderr
@@ -236,9 +158,16 @@ def test_malformed_limit_file_refuses_to_run(
 
 def test_limit_file_missing_a_required_key_refuses_to_run(build: Path, tmp_path: Path) -> None:
     path = write_limits(tmp_path, "version=1\ndevice_count=1\ndevice.0.cores=50\n")
-    proc = run([str(ALLOC_LIMIT)], tmp_path)
+    proc = run([tool("alloc_limit")], tmp_path)
     assert summary(proc) == {"init_result": CUDA_ERROR_INVALID_VALUE}
     assert f"vgpu-hook: {path}: missing required key 'device.0.memory_limit_mib'" in proc.stderr
+
+
+def test_unreadable_limit_file_refuses_to_run(build: Path, tmp_path: Path) -> None:
+    (tmp_path / "limits").mkdir()  # exists, but cannot be read as a file
+    proc = run([tool("alloc_limit")], tmp_path)
+    assert summary(proc) == {"init_result": CUDA_ERROR_INVALID_VALUE}
+    assert f"vgpu-hook: {tmp_path}/limits:" in proc.stderr
 
 
 def test_env_fallback_after_waiting(build: Path, tmp_path: Path) -> None:
@@ -260,10 +189,24 @@ def test_no_limits_at_all_runs_unlimited_and_says_so(build: Path, tmp_path: Path
     )
 
 
-def test_bad_env_limit_refuses_to_run(build: Path, tmp_path: Path) -> None:
-    proc = run([str(ALLOC_LIMIT)], tmp_path, VGPU_MEMORY_LIMIT_MIB="1GiB")
+@pytest.mark.parametrize(
+    ("variable", "value", "problem"),
+    [
+        ("VGPU_MEMORY_LIMIT_MIB", "1GiB", "VGPU_MEMORY_LIMIT_MIB='1GiB' is not a whole number"),
+        ("VGPU_CONTEXT_OVERHEAD_MIB", "-3", "VGPU_CONTEXT_OVERHEAD_MIB='-3' is not a whole number"),
+        (
+            "VGPU_COMPUTE_POLICY",
+            "fair",
+            "VGPU_COMPUTE_POLICY='fair' is not one of share, hard, off",
+        ),
+    ],
+)
+def test_bad_setting_refuses_to_run(
+    build: Path, tmp_path: Path, variable: str, value: str, problem: str
+) -> None:
+    proc = run([tool("alloc_limit")], tmp_path, **{variable: value})
     assert summary(proc) == {"init_result": CUDA_ERROR_INVALID_VALUE}
-    assert "VGPU_MEMORY_LIMIT_MIB='1GiB' is not a whole number of MiB" in proc.stderr
+    assert problem in proc.stderr
 
 
 def test_limit_file_written_later_is_waited_for(build: Path, tmp_path: Path) -> None:
@@ -290,6 +233,15 @@ def test_quiet_silences_info_but_not_errors(build: Path, tmp_path: Path) -> None
     assert "vgpu-hook: out of memory on device 0: used 200 MiB" in proc.stderr
 
 
+def test_processes_that_never_use_cuda_are_untouched(build: Path, tmp_path: Path) -> None:
+    """/etc/ld.so.preload puts the hook in every process of the container."""
+    proc = run(["sh", "-c", "echo hello"], tmp_path, VGPU_LIMIT_WAIT_MS="5000")
+    assert proc.returncode == 0
+    assert proc.stdout == "hello\n"
+    assert proc.stderr == ""
+    assert not (tmp_path / "hook.region").exists()
+
+
 # --- Python / ctypes ----------------------------------------------------------------------
 
 CTYPES_SCRIPT = r"""
@@ -302,7 +254,7 @@ libcuda = ctypes.CDLL(
 #  - global: in the process's global scope, where the preloaded hook comes first (as for a
 #    binary linked with -lcuda); the hook finds the driver with dlsym(RTLD_NEXT).
 #  - local: the same, but libcuda is not in the global scope, so the hook has to dlopen it.
-#  - handle: with dlsym on libcuda's own handle, which LD_PRELOAD does not cover.
+#  - handle: with dlsym on libcuda's own handle, which only the hook's dlsym covers.
 api = libcuda if mode == "handle" else ctypes.CDLL(None)
 def ok(rc, what):
     if rc != 0:
@@ -320,25 +272,13 @@ print(f"allocated_mib={n * 64} result={rc} total_mib={total.value >> 20}")
 """
 
 
-def run_ctypes(tmp_path: Path, mode: str) -> dict[str, int]:
+@pytest.mark.parametrize("mode", ["global", "local", "handle"])
+def test_python_ctypes_hits_the_limit(build: Path, tmp_path: Path, mode: str) -> None:
     write_limits(tmp_path, limits_text(1024))
     proc = run([sys.executable, "-c", CTYPES_SCRIPT, mode], tmp_path)
     assert proc.returncode == 0, proc.stderr
-    return summary(proc)
-
-
-@pytest.mark.parametrize("mode", ["global", "local"])
-def test_python_ctypes_hits_the_limit(build: Path, tmp_path: Path, mode: str) -> None:
-    out = run_ctypes(tmp_path, mode)
-    assert out == {"allocated_mib": 1024, "result": CUDA_ERROR_OUT_OF_MEMORY, "total_mib": 1024}
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="dlsym(handle, ...) on libcuda bypasses LD_PRELOAD; intercepting dlsym and "
-    "cuGetProcAddress is future work (see libvgpu-hook/README.md)",
-)
-def test_python_ctypes_through_the_libcuda_handle_hits_the_limit(
-    build: Path, tmp_path: Path
-) -> None:
-    assert run_ctypes(tmp_path, "handle")["allocated_mib"] == 1024
+    assert summary(proc) == {
+        "allocated_mib": 1024,
+        "result": CUDA_ERROR_OUT_OF_MEMORY,
+        "total_mib": 1024,
+    }

@@ -280,8 +280,12 @@ async def test_preferred_allocation_falls_back_on_refusal_or_unusable_hint(
 
 
 def test_settings_are_checked_before_anything_starts() -> None:
-    with pytest.raises(ValueError, match="no GPU backend"):
-        NodeAgent(NodeAgentSettings(node_name="n"))
+    with pytest.raises(ValueError, match="device_list_strategy must be one of"):
+        NodeAgent(NodeAgentSettings(node_name="n", device_list_strategy="cdi"))
+    with pytest.raises(ValueError, match="node_labeler must be none, memory or kubernetes"):
+        NodeAgent(NodeAgentSettings(node_name="n", node_labeler="k8s"))
+    with pytest.raises(ValueError, match="ignored_xids: 'x13' is not an XID number"):
+        NodeAgent(NodeAgentSettings(node_name="n", ignored_xids="x13"))
     with pytest.raises(ValueError, match="cannot be used in a NATS subject"):
         NodeAgent(NodeAgentSettings(node_name="bad name", simulate="1xT4"))
     with pytest.raises(ValueError, match="split_count must be at least 1"):

@@ -30,12 +30,15 @@ def test_hint_keeps_must_include_and_fails_when_it_cannot_fill() -> None:
     assert pick_on_gpus(ids((A, 0)), [], 1, [B], CATALOG.gpu_of) is None  # GPU not available
 
 
-def test_spread_takes_distinct_gpus_first() -> None:
+def test_spread_takes_distinct_gpus_first_emptiest_first() -> None:
     available = ids((A, 0), (A, 1), (A, 2), (B, 2), (C, 1), (C, 0))
-    assert spread_pick(available, [], 3, CATALOG.gpu_of) == ids((A, 0), (B, 2), (C, 0))
+    assert spread_pick(available, [], 3, CATALOG.gpu_of) == ids((A, 0), (C, 0), (B, 2))
     assert spread_pick(available, [], 5, CATALOG.gpu_of) == ids(
-        (A, 0), (B, 2), (C, 0), (A, 1), (C, 1)
+        (A, 0), (C, 0), (B, 2), (A, 1), (C, 1)
     )
+    # One container at a time (the usual size 1) goes to the GPU with the fewest sharers.
+    assert spread_pick(ids((A, 2), (B, 0), (B, 1)), [], 1, CATALOG.gpu_of) == ids((B, 0))
+    assert spread_pick(ids((A, 2), (B, 1)), [], 1, CATALOG.gpu_of) == ids((A, 2))  # tie: index
 
 
 def test_spread_starts_with_must_include_and_avoids_its_gpu() -> None:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.nodeagent.gpus import backend_for
+from services.nodeagent.gpus import GpuProcess, HealthEvent, NvmlInitError, backend_for
 from services.nodeagent.gpus.simulated import (
     MODELS,
     SimulatedGpuBackend,
@@ -97,6 +97,34 @@ def test_health_can_be_changed_and_unknown_uuid_is_refused() -> None:
         backend.set_healthy("GPU-nope", False)
 
 
-def test_no_spec_and_no_nvml_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="no GPU backend: set `simulate`"):
+def test_no_spec_on_a_machine_without_nvml_is_a_clear_error() -> None:
+    with pytest.raises(NvmlInitError, match="cannot start NVML"):
         backend_for("n", "")
+
+
+def test_faults_and_pinned_usage() -> None:
+    backend = SimulatedGpuBackend("node-a", "2xT4")
+    a, b = (g.uuid for g in backend.devices())
+    assert backend.wait_for_health_event(0.01) is None
+    backend.inject_xid(b, 79)
+    assert backend.wait_for_health_event(1) == HealthEvent(uuid=b, xid=79)
+    backend.set_usage(a, 12.5, 1000)
+    backend.add_process(77, a, 512, 10.0)
+    assert next((u.uuid, u.sm_util_percent, u.memory_used_mib) for u in backend.usage()) == (
+        a, 12.5, 1000,
+    )  # fmt: skip
+    assert backend.processes() == [GpuProcess(77, a, 512, 10.0)]
+    backend.remove_gpu(a)
+    assert [g.healthy for g in backend.devices()] == [False, True]
+    assert [u.uuid for u in backend.usage()] == [b]
+    assert backend.processes() == []
+    assert backend.cuda_version() and backend.driver_version().endswith("-sim")
+    with pytest.raises(ValueError, match="no simulated GPU"):
+        backend.inject_xid("GPU-nope", 79)
+
+
+def test_inline_models() -> None:
+    (model,) = parse_spec("1xRTX-6000:49152:142")
+    assert (model.name, model.memory_mib, model.sm_count) == ("RTX-6000", 49152, 142)
+    with pytest.raises(ValueError, match="or give <name>:<memory MiB>:<SMs>"):
+        parse_spec("1xRTX-6000")

@@ -315,7 +315,8 @@ async def test_http_api(node: Node, spans: InMemorySpanExporter) -> None:
         assert response.status == 200 and "error" not in admitted
         (container,) = admitted["containers"]
         assert set(container) == {
-            "name", "init", "device_ids", "envs", "mounts", "devices", "annotations"
+            "name", "init", "device_ids", "envs", "mounts", "devices", "annotations",
+            "cdi_devices",
         }  # fmt: skip
         assert container["mounts"][0]["container_path"] == "/var/run/vgpu"
 

@@ -18,7 +18,10 @@ from tests.allocator.helpers import container, give_nodes, node_inventory, pod
 @pytest.fixture
 async def allocator(nats_server: EmbeddedNats) -> AsyncIterator[Allocator]:
     started = Allocator(
-        AllocatorSettings(nats_url=nats_server.url, http_port=0), LocalClusterBackend()
+        AllocatorSettings(
+            nats_url=nats_server.url, http_port=0, node_policy="binpack", gpu_policy="binpack"
+        ),
+        LocalClusterBackend(),
     )
     await started.start()
     yield started

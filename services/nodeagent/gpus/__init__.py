@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
-from services.nodeagent.gpus.backend import GpuBackend
+from services.nodeagent.gpus.backend import GpuBackend, GpuProcess, HealthEvent
+from services.nodeagent.gpus.nvml import NvmlGpuBackend, NvmlInitError
 from services.nodeagent.gpus.simulated import SimulatedGpuBackend
 
 
-def backend_for(node_name: str, simulate: str) -> GpuBackend:
+def backend_for(node_name: str, simulate: str, sysfs_root: str = "/sys") -> GpuBackend:
+    """Simulated GPUs when `simulate` is set, else NVML (NvmlInitError when it cannot start)."""
     if simulate:
         return SimulatedGpuBackend(node_name, simulate)
-    raise ValueError(
-        "no GPU backend: set `simulate` (e.g. '4xA100-40GB' or '2xA100-40GB,1xT4'); "
-        "the NVML backend for real GPUs is not part of this version"
-    )
+    try:
+        import pynvml
+    except ImportError as exc:  # a broken install, not a node without GPUs
+        raise NvmlInitError(f"the pynvml module (nvidia-ml-py) is not installed: {exc}") from exc
+    backend = NvmlGpuBackend(pynvml, sysfs_root)
+    backend.open()
+    return backend
 
 
-__all__ = ["GpuBackend", "SimulatedGpuBackend", "backend_for"]
+__all__ = [
+    "GpuBackend",
+    "GpuProcess",
+    "HealthEvent",
+    "NvmlGpuBackend",
+    "NvmlInitError",
+    "SimulatedGpuBackend",
+    "backend_for",
+]

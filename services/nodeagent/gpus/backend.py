@@ -1,19 +1,51 @@
-"""The seam between the node agent and the GPUs it serves (NVML later, simulated now)."""
+"""The seam between the node agent and the GPUs it serves (NVML, or simulated)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 from services.common.schemas import GpuDevice, GpuUsage
 
 
+@dataclass(frozen=True)
+class GpuProcess:
+    """A compute process on a GPU as the driver sees it (host PID namespace)."""
+
+    pid: int
+    uuid: str
+    memory_used_mib: int
+    sm_util_percent: float = -1.0  # its share of the GPU's SM time; -1 = not sampled
+
+
+@dataclass(frozen=True)
+class HealthEvent:
+    """An XID critical error; uuid "" means the driver did not say which GPU (all of them)."""
+
+    uuid: str
+    xid: int
+
+
 class GpuBackend(Protocol):
     def devices(self) -> list[GpuDevice]:
-        """Every GPU of the node, in index order, with its current health."""
+        """Every GPU of the node, in index order, with its current health. A GPU that
+        disappeared stays listed, unhealthy."""
         ...
 
     def usage(self) -> list[GpuUsage]:
         """Current utilisation of every GPU."""
         ...
 
+    def processes(self) -> list[GpuProcess]:
+        """Compute processes on every GPU, with host PIDs."""
+        ...
+
     def driver_version(self) -> str: ...
+
+    def cuda_version(self) -> str: ...
+
+    def wait_for_health_event(self, timeout_s: float) -> HealthEvent | None:
+        """Block (in a worker thread) up to `timeout_s` for the next XID critical error."""
+        ...
+
+    def close(self) -> None: ...

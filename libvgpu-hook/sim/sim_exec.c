@@ -1,0 +1,425 @@
+/* Simulated execution: streams, events, modules, kernel launches and graphs.
+ *
+ * A kernel takes gridDimX*gridDimY*gridDimZ * VGPU_SIM_NS_PER_BLOCK of GPU
+ * time. Every process's kernels on a device queue on that device's shared
+ * timeline (sim.h), one after another, first launched first run: two busy
+ * processes share a GPU half and half, as with the real driver's time-slicing.
+ * Launches are asynchronous; a launch blocks only when its stream is already
+ * VGPU_SIM_QUEUE_US ahead of the clock (a full launch queue). Synchronisation
+ * sleeps until the work it waits for has ended. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "sim_cuda.h"
+
+#define CU_STREAM_LEGACY ((CUstream)0x1)
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
+
+struct CUevent_st {
+    uint64_t t_ns; /* when the stream reaches the event; 0 = never recorded */
+};
+struct CUmod_st {
+    int unused;
+};
+struct CUfunc_st {
+    CUmodule module;
+};
+struct CUgraph_st {
+    uint64_t kernel_ns; /* GPU time of all its kernel nodes */
+};
+struct CUgraphNode_st {
+    int unused;
+};
+struct CUgraphExec_st {
+    uint64_t kernel_ns;
+};
+
+/* The stream work goes to; NULL and the special handles mean the context's own. */
+static CUresult resolve_stream(CUstream s, struct CUstream_st **out)
+{
+    CUresult rc = sim_check_init();
+    if (rc)
+        return rc;
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) {
+        if (!sim_current)
+            return CUDA_ERROR_INVALID_CONTEXT;
+        s = &sim_current->null_stream;
+    }
+    *out = s;
+    return CUDA_SUCCESS;
+}
+
+/* Queues gpu_ns of work on stream s and the shared device timeline. */
+static void run_on(struct CUstream_st *s, uint64_t gpu_ns)
+{
+    uint64_t now = sim_now_ns();
+    uint64_t queued_until = atomic_load(&s->last_end_ns);
+    if (queued_until > now + sim_cfg.queue_ns) /* launch queue full: wait for room */
+        sim_sleep_until(queued_until - sim_cfg.queue_ns), now = sim_now_ns();
+    if (gpu_ns == 0)
+        return;
+    struct sim_timeline *t = sim_timelines[s->ctx->dev];
+    uint64_t earliest = queued_until > now ? queued_until : now;
+    uint64_t busy = atomic_load(&t->busy_until_ns), end;
+    do
+        end = (busy > earliest ? busy : earliest) + gpu_ns;
+    while (!atomic_compare_exchange_weak(&t->busy_until_ns, &busy, end));
+    atomic_fetch_add(&t->busy_ns_total, gpu_ns);
+    sim_atomic_max(&s->last_end_ns, end);
+    sim_atomic_max(&s->ctx->last_end_ns, end);
+}
+
+static uint64_t grid_ns(unsigned gx, unsigned gy, unsigned gz)
+{
+    return (uint64_t)gx * gy * gz * sim_cfg.ns_per_block;
+}
+
+/* --- streams ----------------------------------------------------------------------------- */
+
+SIM_EXPORT CUresult cuStreamCreate(CUstream *phStream, unsigned int flags)
+{
+    (void)flags;
+    CUresult rc = sim_check_init();
+    if (rc || !phStream)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    if (!sim_current)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    CUstream s = calloc(1, sizeof *s);
+    if (!s)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    s->ctx = sim_current;
+    *phStream = s;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream)
+{
+    CUresult rc = sim_check_init();
+    if (rc || !hStream || hStream == CU_STREAM_LEGACY || hStream == CU_STREAM_PER_THREAD)
+        return rc ? rc : CUDA_ERROR_INVALID_HANDLE;
+    free(hStream);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuStreamSynchronize(CUstream hStream)
+{
+    struct CUstream_st *s;
+    CUresult rc = resolve_stream(hStream, &s);
+    if (rc == CUDA_SUCCESS)
+        sim_sleep_until(atomic_load(&s->last_end_ns));
+    return rc;
+}
+
+SIM_EXPORT CUresult cuStreamQuery(CUstream hStream)
+{
+    struct CUstream_st *s;
+    CUresult rc = resolve_stream(hStream, &s);
+    if (rc)
+        return rc;
+    return sim_now_ns() >= atomic_load(&s->last_end_ns) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+/* Graph capture is not simulated: no stream is ever capturing. */
+SIM_EXPORT CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *status)
+{
+    struct CUstream_st *s;
+    CUresult rc = resolve_stream(hStream, &s);
+    if (rc || !status)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    *status = CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxSynchronize(void)
+{
+    CUresult rc = sim_check_init();
+    if (rc)
+        return rc;
+    if (!sim_current)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    sim_sleep_until(atomic_load(&sim_current->last_end_ns));
+    return CUDA_SUCCESS;
+}
+
+/* --- events ------------------------------------------------------------------------------ */
+
+SIM_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int flags)
+{
+    (void)flags;
+    CUresult rc = sim_check_init();
+    if (rc || !phEvent)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    if (!sim_current)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    return (*phEvent = calloc(1, sizeof **phEvent)) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+SIM_EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
+{
+    struct CUstream_st *s;
+    CUresult rc = resolve_stream(hStream, &s);
+    if (rc || !hEvent)
+        return rc ? rc : CUDA_ERROR_INVALID_HANDLE;
+    uint64_t now = sim_now_ns(), end = atomic_load(&s->last_end_ns);
+    hEvent->t_ns = end > now ? end : now;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuEventQuery(CUevent hEvent)
+{
+    CUresult rc = sim_check_init();
+    if (rc || !hEvent)
+        return rc ? rc : CUDA_ERROR_INVALID_HANDLE;
+    return sim_now_ns() >= hEvent->t_ns ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+SIM_EXPORT CUresult cuEventSynchronize(CUevent hEvent)
+{
+    CUresult rc = sim_check_init();
+    if (rc || !hEvent)
+        return rc ? rc : CUDA_ERROR_INVALID_HANDLE;
+    sim_sleep_until(hEvent->t_ns);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuEventElapsedTime(float *ms, CUevent hStart, CUevent hEnd)
+{
+    CUresult rc = sim_check_init();
+    if (rc || !ms || !hStart || !hEnd)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    if (!hStart->t_ns || !hEnd->t_ns)
+        return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t now = sim_now_ns();
+    if (now < hStart->t_ns || now < hEnd->t_ns)
+        return CUDA_ERROR_NOT_READY;
+    *ms = (float)((double)((int64_t)(hEnd->t_ns - hStart->t_ns)) / 1e6);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuEventDestroy_v2(CUevent hEvent)
+{
+    CUresult rc = sim_check_init();
+    if (rc || !hEvent)
+        return rc ? rc : CUDA_ERROR_INVALID_HANDLE;
+    free(hEvent);
+    return CUDA_SUCCESS;
+}
+
+/* --- modules: any image loads; every function is the "spin for its grid" kernel ---------- */
+
+SIM_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
+{
+    CUresult rc = sim_check_init();
+    if (rc || !module || !image)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    if (!sim_current)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    return (*module = calloc(1, sizeof **module)) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+SIM_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
+{
+    CUresult rc = sim_check_init();
+    if (rc || !hfunc || !hmod || !name)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    if (!(*hfunc = calloc(1, sizeof **hfunc)))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    (*hfunc)->module = hmod;
+    return CUDA_SUCCESS;
+}
+
+/* Functions stay valid (leaked) after unloading; using them is the caller's bug. */
+SIM_EXPORT CUresult cuModuleUnload(CUmodule hmod)
+{
+    CUresult rc = sim_check_init();
+    if (rc || !hmod)
+        return rc ? rc : CUDA_ERROR_INVALID_HANDLE;
+    free(hmod);
+    return CUDA_SUCCESS;
+}
+
+/* --- launches ---------------------------------------------------------------------------- */
+
+static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                       unsigned by, unsigned bz, CUstream hStream)
+{
+    struct CUstream_st *s;
+    CUresult rc = resolve_stream(hStream, &s);
+    if (rc)
+        return rc;
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!gx || !gy || !gz || !bx || !by || !bz || (uint64_t)bx * by * bz > 1024)
+        return CUDA_ERROR_INVALID_VALUE;
+    run_on(s, grid_ns(gx, gy, gz));
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy,
+                                   unsigned int gz, unsigned int bx, unsigned int by,
+                                   unsigned int bz, unsigned int sharedMemBytes, CUstream hStream,
+                                   void **kernelParams, void **extra)
+{
+    (void)sharedMemBytes, (void)kernelParams, (void)extra;
+    return launch(f, gx, gy, gz, bx, by, bz, hStream);
+}
+
+SIM_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
+                                        unsigned int gz, unsigned int bx, unsigned int by,
+                                        unsigned int bz, unsigned int sharedMemBytes,
+                                        CUstream hStream, void **kernelParams, void **extra)
+{
+    (void)sharedMemBytes, (void)kernelParams, (void)extra;
+    return launch(f, gx, gy, gz, bx, by, bz, hStream);
+}
+
+SIM_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **kernelParams,
+                                     void **extra)
+{
+    (void)kernelParams, (void)extra;
+    if (!c)
+        return sim_check_init() ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_INVALID_VALUE;
+    return launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY,
+                  c->blockDimZ, c->hStream);
+}
+
+SIM_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f,
+                                          void **kernelParams, void **extra)
+{
+    return cuLaunchKernelEx(c, f, kernelParams, extra);
+}
+
+SIM_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy,
+                                              unsigned int gz, unsigned int bx, unsigned int by,
+                                              unsigned int bz, unsigned int sharedMemBytes,
+                                              CUstream hStream, void **kernelParams)
+{
+    (void)sharedMemBytes, (void)kernelParams;
+    return launch(f, gx, gy, gz, bx, by, bz, hStream);
+}
+
+SIM_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx,
+                                                   unsigned int gy, unsigned int gz,
+                                                   unsigned int bx, unsigned int by,
+                                                   unsigned int bz, unsigned int sharedMemBytes,
+                                                   CUstream hStream, void **kernelParams)
+{
+    (void)sharedMemBytes, (void)kernelParams;
+    return launch(f, gx, gy, gz, bx, by, bz, hStream);
+}
+
+/* --- graphs ------------------------------------------------------------------------------ */
+
+SIM_EXPORT CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags)
+{
+    CUresult rc = sim_check_init();
+    if (rc || !phGraph || flags)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    return (*phGraph = calloc(1, sizeof **phGraph)) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+SIM_EXPORT CUresult cuGraphDestroy(CUgraph hGraph)
+{
+    CUresult rc = sim_check_init();
+    if (rc || !hGraph)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    free(hGraph);
+    return CUDA_SUCCESS;
+}
+
+static CUresult new_node(CUgraphNode *out, CUgraph g)
+{
+    static struct CUgraphNode_st node; /* nodes carry no state here */
+    CUresult rc = sim_check_init();
+    if (rc || !out || !g)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    *out = &node;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuGraphAddKernelNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                         const CUgraphNode *deps, size_t numDeps,
+                                         const CUDA_KERNEL_NODE_PARAMS *p)
+{
+    (void)deps, (void)numDeps;
+    CUresult rc = new_node(phGraphNode, hGraph);
+    if (rc || !p || !p->func || !p->gridDimX || !p->gridDimY || !p->gridDimZ)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    hGraph->kernel_ns += grid_ns(p->gridDimX, p->gridDimY, p->gridDimZ);
+    return CUDA_SUCCESS;
+}
+
+/* The graph's memory is reserved by the driver when the graph runs; the
+ * simulator hands out an address and charges nothing. */
+SIM_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                           const CUgraphNode *deps, size_t numDeps,
+                                           CUDA_MEM_ALLOC_NODE_PARAMS *p)
+{
+    (void)deps, (void)numDeps;
+    static _Atomic uint64_t next = 0x7e0000000000ull;
+    CUresult rc = new_node(phGraphNode, hGraph);
+    if (rc || !p || p->bytesize == 0 || p->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    if ((rc = sim_check_device(p->poolProps.location.id)))
+        return rc;
+    p->dptr = atomic_fetch_add(&next, (p->bytesize + 0xfffff) & ~0xfffffull);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                   const CUgraphNode *deps, size_t numDeps, CUgraphNodeParams *p)
+{
+    if (!p)
+        return sim_check_init() ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_INVALID_VALUE;
+    if (p->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+        return cuGraphAddMemAllocNode(phGraphNode, hGraph, deps, numDeps, &p->alloc);
+    if (p->type == CU_GRAPH_NODE_TYPE_KERNEL) /* the v3 kernel params start like v1's */
+        return cuGraphAddKernelNode(phGraphNode, hGraph, deps, numDeps,
+                                    (const CUDA_KERNEL_NODE_PARAMS *)(void *)&p->alloc);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+SIM_EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                      const CUgraphNode *deps, const CUgraphEdgeData *edges,
+                                      size_t numDeps, CUgraphNodeParams *p)
+{
+    (void)edges;
+    return cuGraphAddNode(phGraphNode, hGraph, deps, numDeps, p);
+}
+
+SIM_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                unsigned long long flags)
+{
+    (void)flags;
+    CUresult rc = sim_check_init();
+    if (rc || !phGraphExec || !hGraph)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    if (!(*phGraphExec = malloc(sizeof **phGraphExec)))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    (*phGraphExec)->kernel_ns = hGraph->kernel_ns;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
+{
+    CUresult rc = sim_check_init();
+    if (rc || !hGraphExec)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    free(hGraphExec);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
+{
+    struct CUstream_st *s;
+    CUresult rc = resolve_stream(hStream, &s);
+    if (rc || !hGraphExec)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    run_on(s, hGraphExec->kernel_ns);
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
+{
+    return cuGraphLaunch(hGraphExec, hStream);
+}

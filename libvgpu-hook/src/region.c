@@ -1,0 +1,315 @@
+#include "region.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "log.h"
+
+static void set_err(char *err, size_t errlen, const char *path, const char *what)
+{
+    snprintf(err, errlen, "%s: %s", path, what);
+}
+
+static int init_lock(pthread_mutex_t *m)
+{
+    pthread_mutexattr_t a;
+    int rc = pthread_mutexattr_init(&a);
+    rc = rc ? rc : pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    rc = rc ? rc : pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    rc = rc ? rc : pthread_mutex_init(m, &a);
+    pthread_mutexattr_destroy(&a);
+    return rc;
+}
+
+struct vgpu_region *vgpu_region_open(const char *path, char *err, size_t errlen)
+{
+    struct vgpu_region *r = MAP_FAILED;
+    struct stat st;
+    char why[256] = "";
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        set_err(err, errlen, path, strerror(errno));
+        return NULL;
+    }
+    /* flock serialises first-time initialisation between processes starting
+     * together; a crash releases it with the process. */
+    if (flock(fd, LOCK_EX) != 0 || fstat(fd, &st) != 0) {
+        snprintf(why, sizeof why, "%s", strerror(errno));
+        goto out;
+    }
+    if (st.st_size == 0) {
+        (void)fchmod(fd, 0666); /* processes of the container may run as other users */
+        if (ftruncate(fd, sizeof *r) != 0) {
+            snprintf(why, sizeof why, "cannot size it: %s", strerror(errno));
+            goto out;
+        }
+    } else if (st.st_size != (off_t)sizeof *r) {
+        snprintf(why, sizeof why, "is %lld bytes, not the %zu of this hook's layout",
+                 (long long)st.st_size, sizeof *r);
+        goto out;
+    }
+    r = mmap(NULL, sizeof *r, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (r == MAP_FAILED) {
+        snprintf(why, sizeof why, "cannot map it: %s", strerror(errno));
+        goto out;
+    }
+    if (r->magic == 0) {
+        if (init_lock(&r->lock) != 0) {
+            snprintf(why, sizeof why, "cannot create its robust process-shared lock");
+            goto out;
+        }
+        r->layout = VGPU_REGION_LAYOUT;
+        r->size = sizeof *r;
+        __atomic_store_n(&r->magic, VGPU_REGION_MAGIC, __ATOMIC_RELEASE);
+    } else if (r->magic != VGPU_REGION_MAGIC || r->layout != VGPU_REGION_LAYOUT ||
+               r->size != sizeof *r) {
+        snprintf(why, sizeof why, "was written by an incompatible hook (layout %u)", r->layout);
+    }
+out:
+    /* Explicitly: the mapping keeps the open file, and with it the flock, alive. */
+    flock(fd, LOCK_UN);
+    close(fd);
+    if (why[0]) {
+        set_err(err, errlen, path, why);
+        if (r != MAP_FAILED)
+            munmap(r, sizeof *r);
+        return NULL;
+    }
+    return r;
+}
+
+struct vgpu_region *vgpu_region_private(void)
+{
+    struct vgpu_region *r = mmap(NULL, sizeof *r, PROT_READ | PROT_WRITE,
+                                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (r == MAP_FAILED || init_lock(&r->lock) != 0)
+        return NULL;
+    r->magic = VGPU_REGION_MAGIC;
+    r->layout = VGPU_REGION_LAYOUT;
+    r->size = sizeof *r;
+    return r;
+}
+
+uint64_t vgpu_process_start_time(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    /* Field 2 (comm) may hold spaces and parentheses: count from its end. */
+    char *p = strrchr(buf, ')');
+    unsigned long long start = 0;
+    /* after ") ": state(3) ... starttime is field 22, the 20th after comm */
+    if (!p || sscanf(p + 2,
+                     "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d "
+                     "%llu",
+                     &start) != 1)
+        return 0;
+    return start;
+}
+
+static int slot_alive(const struct vgpu_slot *s)
+{
+    if (kill(s->pid, 0) != 0 && errno == ESRCH)
+        return 0;
+    /* The pid exists (or we may not signal it): is it still the same process? */
+    uint64_t start = vgpu_process_start_time(s->pid);
+    return !(start && s->start_time && start != s->start_time);
+}
+
+/* Caller holds the lock. */
+static void recompute_totals(struct vgpu_region *r)
+{
+    memset(r->used, 0, sizeof r->used);
+    for (int i = 0; i < VGPU_REGION_SLOTS; i++)
+        if (r->slots[i].pid)
+            for (int d = 0; d < VGPU_MAX_DEVICES; d++)
+                r->used[d] += r->slots[i].used[d];
+}
+
+void vgpu_region_lock(struct vgpu_region *r)
+{
+    int rc = pthread_mutex_lock(&r->lock);
+    if (rc == EOWNERDEAD) {
+        recompute_totals(r);
+        pthread_mutex_consistent(&r->lock);
+        vgpu_log_error("a process died holding the shared accounting lock; recovered it");
+    } else if (rc != 0) {
+        /* Only possible if an owner died and recovery itself was interrupted
+         * before marking the lock consistent. */
+        vgpu_log_error("shared accounting lock unusable (%s); re-creating it", strerror(rc));
+        init_lock(&r->lock);
+        pthread_mutex_lock(&r->lock);
+        recompute_totals(r);
+    }
+}
+
+void vgpu_region_unlock(struct vgpu_region *r)
+{
+    pthread_mutex_unlock(&r->lock);
+}
+
+/* Caller holds the lock. */
+static void free_slot(struct vgpu_region *r, int slot)
+{
+    struct vgpu_slot *s = &r->slots[slot];
+    for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
+        r->used[d] -= s->used[d] < r->used[d] ? s->used[d] : r->used[d];
+        s->used[d] = 0;
+        atomic_store_explicit(&s->launches[d], 0, memory_order_relaxed);
+    }
+    for (int i = 0; i < VGPU_REGION_EXPORTS; i++)
+        if (r->exports[i].hash && r->exports[i].slot == slot)
+            r->exports[i].hash = 0;
+    s->start_time = 0;
+    s->pid = 0;
+}
+
+/* Caller holds the lock. */
+static int reap_locked(struct vgpu_region *r)
+{
+    int reaped = 0;
+    for (int i = 0; i < VGPU_REGION_SLOTS; i++) {
+        if (r->slots[i].pid && !slot_alive(&r->slots[i])) {
+            free_slot(r, i);
+            reaped++;
+        }
+    }
+    return reaped;
+}
+
+int vgpu_region_reap(struct vgpu_region *r)
+{
+    vgpu_region_lock(r);
+    int n = reap_locked(r);
+    vgpu_region_unlock(r);
+    return n;
+}
+
+int vgpu_region_attach(struct vgpu_region *r, pid_t pid)
+{
+    int slot = -1;
+    uint64_t start = vgpu_process_start_time(pid);
+    vgpu_region_lock(r);
+    reap_locked(r);
+    for (int i = 0; i < VGPU_REGION_SLOTS && slot < 0; i++) {
+        if (!r->slots[i].pid) {
+            slot = i;
+            memset(r->slots[i].used, 0, sizeof r->slots[i].used);
+            r->slots[i].start_time = start;
+            r->slots[i].pid = pid;
+        }
+    }
+    vgpu_region_unlock(r);
+    return slot;
+}
+
+void vgpu_region_detach(struct vgpu_region *r, int slot)
+{
+    if (slot < 0 || slot >= VGPU_REGION_SLOTS)
+        return;
+    vgpu_region_lock(r);
+    free_slot(r, slot);
+    vgpu_region_unlock(r);
+}
+
+static int fits(uint64_t used, uint64_t bytes, uint64_t limit)
+{
+    return limit == 0 || (bytes <= limit && used <= limit - bytes);
+}
+
+int vgpu_region_reserve(struct vgpu_region *r, int slot, int dev, uint64_t bytes, uint64_t limit,
+                        uint64_t *used_before)
+{
+    if (slot < 0 || slot >= VGPU_REGION_SLOTS || dev < 0 || dev >= VGPU_MAX_DEVICES) {
+        if (used_before)
+            *used_before = 0;
+        return -1;
+    }
+    vgpu_region_lock(r);
+    int ok = fits(r->used[dev], bytes, limit);
+    if (!ok && reap_locked(r) > 0) /* what dead processes held may be enough */
+        ok = fits(r->used[dev], bytes, limit);
+    if (used_before)
+        *used_before = r->used[dev];
+    if (ok) {
+        r->slots[slot].used[dev] += bytes;
+        r->used[dev] += bytes;
+    }
+    vgpu_region_unlock(r);
+    return ok ? 0 : -1;
+}
+
+void vgpu_region_release(struct vgpu_region *r, int slot, int dev, uint64_t bytes)
+{
+    if (slot < 0 || slot >= VGPU_REGION_SLOTS || dev < 0 || dev >= VGPU_MAX_DEVICES)
+        return;
+    vgpu_region_lock(r);
+    struct vgpu_slot *s = &r->slots[slot];
+    uint64_t b = bytes < s->used[dev] ? bytes : s->used[dev];
+    s->used[dev] -= b;
+    r->used[dev] -= b < r->used[dev] ? b : r->used[dev];
+    vgpu_region_unlock(r);
+}
+
+uint64_t vgpu_region_used(struct vgpu_region *r, int dev)
+{
+    if (dev < 0 || dev >= VGPU_MAX_DEVICES)
+        return 0;
+    return __atomic_load_n(&r->used[dev], __ATOMIC_RELAXED);
+}
+
+uint64_t vgpu_region_slot_used(struct vgpu_region *r, int slot, int dev)
+{
+    if (slot < 0 || slot >= VGPU_REGION_SLOTS || dev < 0 || dev >= VGPU_MAX_DEVICES)
+        return 0;
+    return __atomic_load_n(&r->slots[slot].used[dev], __ATOMIC_RELAXED);
+}
+
+void vgpu_region_export_add(struct vgpu_region *r, int slot, uint64_t hash)
+{
+    if (!hash)
+        return;
+    vgpu_region_lock(r);
+    for (int i = 0; i < VGPU_REGION_EXPORTS; i++) {
+        if (!r->exports[i].hash) {
+            r->exports[i].hash = hash;
+            r->exports[i].slot = slot;
+            break;
+        } /* table full: importers count it again, which errs on the safe side */
+    }
+    vgpu_region_unlock(r);
+}
+
+int vgpu_region_export_known(struct vgpu_region *r, uint64_t hash)
+{
+    int known = 0;
+    vgpu_region_lock(r);
+    for (int i = 0; i < VGPU_REGION_EXPORTS && !known; i++)
+        known = hash && r->exports[i].hash == hash && r->slots[r->exports[i].slot].pid &&
+                slot_alive(&r->slots[r->exports[i].slot]);
+    vgpu_region_unlock(r);
+    return known;
+}
+
+void vgpu_region_export_remove(struct vgpu_region *r, uint64_t hash)
+{
+    if (!hash)
+        return;
+    vgpu_region_lock(r);
+    for (int i = 0; i < VGPU_REGION_EXPORTS; i++)
+        if (r->exports[i].hash == hash)
+            r->exports[i].hash = 0;
+    vgpu_region_unlock(r);
+}

@@ -1,0 +1,106 @@
+/* The container's shared accounting region: one file in the container
+ * directory ($VGPU_CONTAINER_DIR/hook.region), mapped by every process of the
+ * container, so that they all draw on one budget per device.
+ *
+ * - A robust, process-shared mutex guards the memory figures. A process that
+ *   dies holding it (SIGKILL) does not block the others: the next locker gets
+ *   EOWNERDEAD, recomputes the totals from the per-process slots (each slot
+ *   value is written in one store, so slots are always whole) and marks the
+ *   mutex consistent.
+ * - Each process has a slot: its pid, its start time and what it holds per
+ *   device. Slots of dead processes are reaped (kill(pid, 0) fails with ESRCH,
+ *   or /proc shows another process under that pid) when a process attaches
+ *   and before an allocation is refused, and what they held is given back.
+ * - Launch counters and the compute limiter's state are atomics, outside the
+ *   lock.
+ * - IPC exports of the container's processes are listed, so that importing
+ *   memory another process of the same container already counts is not
+ *   counted twice.
+ *
+ * Pure policy over a mapped struct: no CUDA, testable directly. */
+#ifndef VGPU_REGION_H
+#define VGPU_REGION_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "limits.h"
+
+#define VGPU_REGION_FILE "hook.region"
+#define VGPU_REGION_MAGIC 0x3147455255504756ull /* "VGPUREG1" */
+#define VGPU_REGION_LAYOUT 1
+#define VGPU_REGION_SLOTS 256
+#define VGPU_REGION_EXPORTS 256
+
+struct vgpu_slot {
+    int32_t pid;         /* 0 = free */
+    uint32_t unused;
+    uint64_t start_time; /* /proc/<pid>/stat field 22; 0 if unknown */
+    uint64_t used[VGPU_MAX_DEVICES]; /* bytes this process holds */
+    _Atomic uint64_t launches[VGPU_MAX_DEVICES];
+};
+
+struct vgpu_export {
+    uint64_t hash; /* of the CUipcMemHandle; 0 = free */
+    int32_t slot;
+    int32_t unused;
+};
+
+struct vgpu_region {
+    uint64_t magic;
+    uint32_t layout, size;
+    pthread_mutex_t lock;
+    uint64_t used[VGPU_MAX_DEVICES];          /* sum of the slots (under lock) */
+    _Atomic uint64_t limiter_tat[VGPU_MAX_DEVICES]; /* limiter.h */
+    struct vgpu_export exports[VGPU_REGION_EXPORTS];
+    struct vgpu_slot slots[VGPU_REGION_SLOTS];
+};
+
+/* Maps (creating it if needed) the region file at path. NULL with err set
+ * ("<path>: <problem>") if it cannot. */
+struct vgpu_region *vgpu_region_open(const char *path, char *err, size_t errlen);
+
+/* A region only this process sees (when the shared one cannot be had). */
+struct vgpu_region *vgpu_region_private(void);
+
+/* Takes a slot for pid (reaping dead ones first). Slot index, or -1 if all
+ * are taken by live processes. */
+int vgpu_region_attach(struct vgpu_region *r, pid_t pid);
+
+/* Gives back everything the slot holds and frees it. */
+void vgpu_region_detach(struct vgpu_region *r, int slot);
+
+/* Charges bytes on dev to slot if the container's total stays <= limit
+ * (0 = unlimited); check and charge are one step under the lock. Before
+ * refusing, reaps dead processes and checks again. Returns 0, or -1 when over
+ * the limit. *used_before (may be NULL) gets the container's total before. */
+int vgpu_region_reserve(struct vgpu_region *r, int slot, int dev, uint64_t bytes, uint64_t limit,
+                        uint64_t *used_before);
+
+/* Gives back bytes on dev from slot (never below zero). */
+void vgpu_region_release(struct vgpu_region *r, int slot, int dev, uint64_t bytes);
+
+/* The container's total on dev, and one slot's part of it. */
+uint64_t vgpu_region_used(struct vgpu_region *r, int dev);
+uint64_t vgpu_region_slot_used(struct vgpu_region *r, int slot, int dev);
+
+/* Frees the slots of dead processes; returns how many. */
+int vgpu_region_reap(struct vgpu_region *r);
+
+/* IPC exports: remember that slot exported the handle with this hash; ask
+ * whether any live process of the container did; forget it. */
+void vgpu_region_export_add(struct vgpu_region *r, int slot, uint64_t hash);
+int vgpu_region_export_known(struct vgpu_region *r, uint64_t hash);
+void vgpu_region_export_remove(struct vgpu_region *r, uint64_t hash);
+
+/* Locks the region, recovering it if the last owner died (logged). For tests
+ * and for code that reads several figures at once. */
+void vgpu_region_lock(struct vgpu_region *r);
+void vgpu_region_unlock(struct vgpu_region *r);
+
+/* Start time of pid from /proc (0 if unknown). */
+uint64_t vgpu_process_start_time(pid_t pid);
+
+#endif

@@ -1,0 +1,172 @@
+/* Unit tests of the shared accounting region (src/region.c) with real
+ * processes, no interception.
+ *
+ *   region_test                      run the tests (in a fresh temporary directory)
+ *   region_test hold-lock-and-die <region file>
+ *                                    take the region's lock and SIGKILL itself holding it
+ *   region_test used <region file> <dev>
+ *                                    print the container's total on dev: used=<bytes> */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "region.h"
+
+static char dir[] = "/tmp/vgpu-region-XXXXXX";
+static char path[128];
+
+static struct vgpu_region *open_region(void)
+{
+    char err[256];
+    struct vgpu_region *r = vgpu_region_open(path, err, sizeof err);
+    if (!r)
+        fprintf(stderr, "%s\n", err);
+    return r;
+}
+
+static void test_reserve_and_limit(struct vgpu_region *r)
+{
+    int s = vgpu_region_attach(r, getpid());
+    uint64_t used = 99;
+    CHECK(s >= 0);
+    CHECK(vgpu_region_reserve(r, s, 0, 600, 1000, &used) == 0 && used == 0);
+    CHECK(vgpu_region_reserve(r, s, 0, 400, 1000, &used) == 0 && used == 600); /* exactly full */
+    CHECK(vgpu_region_reserve(r, s, 0, 1, 1000, &used) == -1 && used == 1000);
+    CHECK(vgpu_region_used(r, 0) == 1000 && vgpu_region_slot_used(r, s, 0) == 1000);
+    CHECK(vgpu_region_used(r, 1) == 0);                           /* devices are separate */
+    CHECK(vgpu_region_reserve(r, s, 1, 5000, 0, NULL) == 0);        /* 0 = unlimited */
+    CHECK(vgpu_region_reserve(r, s, 2, UINT64_MAX, 1000, NULL) == -1); /* no wrap-around */
+    CHECK(vgpu_region_reserve(r, s, VGPU_MAX_DEVICES, 1, 0, NULL) == -1);
+    vgpu_region_release(r, s, 0, 1000);
+    vgpu_region_release(r, s, 1, 9999); /* more than held: stops at zero */
+    CHECK(vgpu_region_used(r, 0) == 0 && vgpu_region_used(r, 1) == 0);
+    vgpu_region_detach(r, s);
+}
+
+/* A child holds memory and dies without detaching: it is reaped when a
+ * reservation would otherwise fail, and what it held is given back. */
+static void test_dead_process_is_reaped(struct vgpu_region *r)
+{
+    pid_t child = fork();
+    if (child == 0) {
+        struct vgpu_region *cr = open_region();
+        int s = cr ? vgpu_region_attach(cr, getpid()) : -1;
+        _exit(s >= 0 && vgpu_region_reserve(cr, s, 0, 700, 1000, NULL) == 0 ? 0 : 1);
+    }
+    int status;
+    waitpid(child, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(vgpu_region_used(r, 0) == 700); /* still charged: nobody looked yet */
+    int s = vgpu_region_attach(r, getpid()); /* attaching reaps */
+    CHECK(vgpu_region_used(r, 0) == 0);
+    CHECK(vgpu_region_reserve(r, s, 0, 1000, 1000, NULL) == 0);
+    vgpu_region_detach(r, s);
+    CHECK(vgpu_region_used(r, 0) == 0);
+}
+
+/* Two processes draw on one budget. */
+static void test_shared_budget(struct vgpu_region *r)
+{
+    int s = vgpu_region_attach(r, getpid());
+    CHECK(vgpu_region_reserve(r, s, 3, 600, 1000, NULL) == 0);
+    pid_t child = fork();
+    if (child == 0) {
+        struct vgpu_region *cr = open_region();
+        int cs = cr ? vgpu_region_attach(cr, getpid()) : -1;
+        int ok = cs >= 0 && vgpu_region_reserve(cr, cs, 3, 500, 1000, NULL) == -1 &&
+                 vgpu_region_reserve(cr, cs, 3, 400, 1000, NULL) == 0;
+        vgpu_region_detach(cr, cs);
+        _exit(ok ? 0 : 1);
+    }
+    int status;
+    waitpid(child, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(vgpu_region_used(r, 3) == 600);
+    vgpu_region_detach(r, s);
+}
+
+/* A process killed holding the lock does not block the next locker. */
+static void test_robust_lock(struct vgpu_region *r)
+{
+    int s = vgpu_region_attach(r, getpid());
+    CHECK(vgpu_region_reserve(r, s, 0, 100, 0, NULL) == 0);
+    r->used[0] = 12345; /* a half-done update the dead owner left behind */
+    pid_t child = fork();
+    if (child == 0) {
+        vgpu_region_lock(r);
+        raise(SIGKILL);
+    }
+    int status;
+    waitpid(child, &status, 0);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    alarm(10); /* a deadlock fails the test instead of hanging it */
+    CHECK(vgpu_region_reserve(r, s, 0, 50, 0, NULL) == 0);
+    alarm(0);
+    CHECK(vgpu_region_used(r, 0) == 150); /* recomputed from the slots on recovery */
+    vgpu_region_detach(r, s);
+}
+
+static void test_exports(struct vgpu_region *r)
+{
+    int s = vgpu_region_attach(r, getpid());
+    vgpu_region_export_add(r, s, 0x1234);
+    CHECK(vgpu_region_export_known(r, 0x1234));
+    CHECK(!vgpu_region_export_known(r, 0x9999));
+    vgpu_region_export_remove(r, 0x1234);
+    CHECK(!vgpu_region_export_known(r, 0x1234));
+    vgpu_region_export_add(r, s, 0x55);
+    vgpu_region_detach(r, s); /* a process's exports go with it */
+    CHECK(!vgpu_region_export_known(r, 0x55));
+}
+
+static void test_incompatible_file(void)
+{
+    char other[160], err[256];
+    snprintf(other, sizeof other, "%s/other", dir);
+    FILE *f = fopen(other, "w");
+    fputs("not a region", f);
+    fclose(f);
+    CHECK(vgpu_region_open(other, err, sizeof err) == NULL);
+    CHECK(strstr(err, "not the") != NULL);
+    unlink(other);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && strcmp(argv[1], "hold-lock-and-die") == 0) {
+        snprintf(path, sizeof path, "%s", argv[2]);
+        struct vgpu_region *r = open_region();
+        if (!r)
+            return 2;
+        vgpu_region_lock(r);
+        raise(SIGKILL);
+        return 2;
+    }
+    if (argc == 4 && strcmp(argv[1], "used") == 0) {
+        snprintf(path, sizeof path, "%s", argv[2]);
+        struct vgpu_region *r = open_region();
+        if (!r)
+            return 2;
+        printf("used=%llu\n", (unsigned long long)vgpu_region_used(r, atoi(argv[3])));
+        return 0;
+    }
+    if (!mkdtemp(dir))
+        return perror("mkdtemp"), 2;
+    snprintf(path, sizeof path, "%s/%s", dir, VGPU_REGION_FILE);
+    struct vgpu_region *r = open_region(), *again = open_region();
+    CHECK(r && again);
+    if (r && again) {
+        test_reserve_and_limit(r);
+        test_dead_process_is_reaped(r);
+        test_shared_budget(r);
+        test_robust_lock(again); /* any mapping of the file sees the same lock */
+        test_exports(r);
+        test_incompatible_file();
+    }
+    unlink(path);
+    rmdir(dir);
+    return check_report("region_test");
+}

@@ -1,0 +1,290 @@
+"""The cluster as placement sees it: nodes, their GPUs' capacity and what is promised on them.
+
+Capacity comes from the node agents' inventories: a GPU's schedulable memory is the card's
+memory minus a reserve (CUDA context, driver), times the node's memory scaling (> 1
+oversubscribes, as HAMi's deviceMemoryScaling); compute is 100 per GPU; task slots are the
+split count. Usage is the sum of the ledger's charges. Every change to a node bumps its
+``version``, which is what the placement caches key on.
+
+Freshness is measured on this process's monotonic clock at receipt, not from the sender's
+``sent_at``, so clock skew between nodes cannot make a live node look dead (or the reverse).
+A node that falls silent keeps its allocations; it only takes no new ones.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import msgspec
+
+from services.common.schemas import GpuDevice, NodeInventory
+
+FULL_COMPUTE = 100
+
+
+class Charge(NamedTuple):
+    """What one pod holds on one GPU (a tuple: placement creates millions of these)."""
+
+    memory_mib: int = 0
+    cores: int = 0
+    slots: int = 0
+
+    def __add__(self, other: Charge) -> Charge:  # type: ignore[override]
+        return Charge(
+            self.memory_mib + other.memory_mib, self.cores + other.cores, self.slots + other.slots
+        )
+
+    def __sub__(self, other: Charge) -> Charge:
+        return Charge(
+            self.memory_mib - other.memory_mib, self.cores - other.cores, self.slots - other.slots
+        )
+
+
+@dataclass(eq=False)
+class GpuState:
+    device: GpuDevice
+    base_memory_mib: int  # the card minus the reserve: what 100% of the card means
+    memory_mib: int  # schedulable: base x the node's memory scaling
+    slots: int  # task slots (split count)
+    used: Charge = field(default_factory=Charge)
+
+    @property
+    def uuid(self) -> str:
+        return self.device.uuid
+
+    @property
+    def index(self) -> int:
+        return self.device.index
+
+    @property
+    def healthy(self) -> bool:
+        return self.device.healthy and not self.device.mig_mode
+
+    @property
+    def free_memory(self) -> int:
+        return self.memory_mib - self.used.memory_mib
+
+    @property
+    def free_cores(self) -> int:
+        return FULL_COMPUTE - self.used.cores
+
+    @property
+    def free_slots(self) -> int:
+        return self.slots - self.used.slots
+
+    def state_key(self) -> tuple[object, ...]:
+        """Everything fit and fragmentation depend on, except identity: a memo key."""
+        return (
+            self.device.model,
+            self.base_memory_mib,
+            self.free_memory,
+            self.free_cores,
+            self.free_slots,
+            self.healthy,
+        )
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """Whether a node can take new placements now; `reason` says why not."""
+
+    gpus: tuple[GpuDevice, ...] | None  # None: never heard of
+    silent_s: float = 0.0
+    reason: str = ""
+
+    @property
+    def available(self) -> bool:
+        return not self.reason
+
+
+@dataclass(eq=False)
+class NodeState:
+    name: str
+    inventory: NodeInventory
+    gpus: list[GpuState]  # index order
+    by_uuid: dict[str, GpuState]
+    memory_scaling: float
+    received_at: float
+    used_cpu_milli: int = 0
+    used_memory_mib: int = 0
+    version: int = 0
+    cache: dict[object, tuple[int, object]] = field(default_factory=dict)
+    positions: dict[str, int] = field(default_factory=dict)  # uuid -> index in `gpus`
+
+    def __post_init__(self) -> None:
+        self.positions = {g.uuid: i for i, g in enumerate(self.gpus)}
+
+    @property
+    def cpu_milli(self) -> int:
+        return self.inventory.cpu_milli
+
+    @property
+    def host_memory_mib(self) -> int:
+        return self.inventory.host_memory_mib
+
+    def touch(self) -> None:
+        self.version += 1
+        if len(self.cache) > 256:  # shapes come and go; keep the cache bounded
+            self.cache.clear()
+
+
+@dataclass(frozen=True)
+class CapacityConfig:
+    memory_reserve_mib: int = 0
+    split_count: int = 10
+    memory_scaling: float = 1.0
+    node_memory_scaling: Mapping[str, float] = field(default_factory=dict)
+
+
+class ClusterState:
+    def __init__(
+        self,
+        node_timeout_s: float,
+        capacity: CapacityConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._timeout_s = node_timeout_s
+        self.capacity = capacity or CapacityConfig()
+        self._clock = clock
+        self._nodes: dict[str, NodeState] = {}
+        self.capacity_version = 0  # bumps when any node's GPUs change: never-fits caches
+
+    # -- inventory ------------------------------------------------------------------------
+
+    def update(self, inventory: NodeInventory) -> bool:
+        """Keep `inventory` as the node's latest; True when its GPUs changed (or are new).
+
+        A GPU listed twice keeps its first entry: placement relies on uuids being distinct.
+        The node's usage is carried over; the caller re-applies charges when GPUs changed.
+        """
+        first: dict[str, GpuDevice] = {}
+        for gpu in inventory.gpus:
+            first.setdefault(gpu.uuid, gpu)
+        unique = sorted(first.values(), key=lambda g: g.index)
+        if len(unique) != len(inventory.gpus):
+            inventory = msgspec.structs.replace(inventory, gpus=unique)
+        previous = self._nodes.get(inventory.node)
+        now = self._clock()
+        if (
+            previous is not None
+            and previous.inventory.gpus == inventory.gpus
+            and (previous.cpu_milli, previous.host_memory_mib)
+            == (inventory.cpu_milli, inventory.host_memory_mib)
+        ):
+            previous.inventory = inventory
+            previous.received_at = now
+            return False
+        scaling = self.capacity.node_memory_scaling.get(
+            inventory.node, self.capacity.memory_scaling
+        )
+        gpus = [self._gpu_state(gpu, scaling) for gpu in unique]
+        node = NodeState(
+            name=inventory.node,
+            inventory=inventory,
+            gpus=gpus,
+            by_uuid={g.uuid: g for g in gpus},
+            memory_scaling=scaling,
+            received_at=now,
+            version=(previous.version + 1) if previous else 0,
+        )
+        if previous is not None:
+            for gpu in gpus:
+                old = previous.by_uuid.get(gpu.uuid)
+                if old is not None:
+                    gpu.used = old.used
+            node.used_cpu_milli = previous.used_cpu_milli
+            node.used_memory_mib = previous.used_memory_mib
+        self._nodes[inventory.node] = node
+        self.capacity_version += 1
+        return True
+
+    def _gpu_state(self, gpu: GpuDevice, scaling: float) -> GpuState:
+        base = max(0, gpu.memory_mib - self.capacity.memory_reserve_mib)
+        return GpuState(
+            device=gpu,
+            base_memory_mib=base,
+            memory_mib=int(base * scaling),
+            slots=self.capacity.split_count,
+        )
+
+    # -- usage ----------------------------------------------------------------------------
+
+    def charge(
+        self, node: str, charges: Mapping[str, Charge], cpu_milli: int, memory_mib: int, sign: int
+    ) -> None:
+        """Add (sign 1) or remove (sign -1) a pod's charges on a node's GPUs."""
+        state = self._nodes.get(node)
+        if state is None:
+            return  # unknown node: the ledger keeps the charge; applied when it reports
+        for uuid, charge in charges.items():
+            gpu = state.by_uuid.get(uuid)
+            if gpu is not None:
+                gpu.used = gpu.used + charge if sign > 0 else gpu.used - charge
+        state.used_cpu_milli += sign * cpu_milli
+        state.used_memory_mib += sign * memory_mib
+        state.touch()
+
+    def reset_usage(self, node: str) -> None:
+        state = self._nodes.get(node)
+        if state is None:
+            return
+        for gpu in state.gpus:
+            gpu.used = Charge()
+        state.used_cpu_milli = state.used_memory_mib = 0
+        state.touch()
+
+    # -- views ----------------------------------------------------------------------------
+
+    def node(self, name: str) -> NodeState | None:
+        return self._nodes.get(name)
+
+    def gpus(self, node: str) -> tuple[GpuDevice, ...] | None:
+        state = self._nodes.get(node)
+        return None if state is None else tuple(state.inventory.gpus)
+
+    def silent_s(self, state: NodeState) -> float:
+        return self._clock() - state.received_at
+
+    def status(self, node: str) -> NodeStatus:
+        state = self._nodes.get(node)
+        if state is None:
+            return NodeStatus(
+                gpus=None,
+                reason=f"node {node!r}: no GPU inventory received from its vgpu node agent",
+            )
+        gpus = tuple(state.inventory.gpus)
+        silent_s = self._clock() - state.received_at
+        if silent_s > self._timeout_s:
+            return NodeStatus(
+                gpus=gpus,
+                silent_s=silent_s,
+                reason=(
+                    f"node {node!r}: its vgpu node agent has been silent for {silent_s:.1f}s "
+                    f"(a node counts as gone after {self._timeout_s:g}s without inventory)"
+                ),
+            )
+        return NodeStatus(gpus=gpus, silent_s=silent_s)
+
+    def is_fresh(self, state: NodeState) -> bool:
+        return self._clock() - state.received_at <= self._timeout_s
+
+    def fresh_since(self) -> float:
+        """Nodes heard from at or after this (monotonic) time are fresh: one clock read for
+        a whole call instead of one per node."""
+        return self._clock() - self._timeout_s
+
+    def lookup(self) -> Callable[[str], NodeState | None]:
+        return self._nodes.get
+
+    def all_gpus(self) -> dict[str, tuple[GpuDevice, ...]]:
+        """Every node ever heard of, fresh or not: the cluster's capacity."""
+        return {node: tuple(s.inventory.gpus) for node, s in self._nodes.items()}
+
+    def states(self) -> Iterable[NodeState]:
+        return self._nodes.values()
+
+    def nodes(self) -> list[str]:
+        return sorted(self._nodes)

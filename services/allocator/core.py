@@ -1,0 +1,404 @@
+"""The placement core: filter, prioritize and commit, synchronous and free of any wire format.
+
+The extender, the simulator (`vgpu simulate`) and the benchmarks all drive this one class;
+see docs/allocator.md ("Driving the engine without HTTP"). Results are cached per node and
+pod shape, keyed by the node's version (which every change to the node bumps) and, for
+policies that read the workload mix, by the mix snapshot: a bind invalidates one node only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.common.resources import DEFAULT_CONFIG, RequestConfig
+from services.common.schemas import ContainerAllocation, PodAllocation
+
+from .cluster import ClusterState, NodeState
+from .fragmentation import Shape, WorkloadMix
+from .ledger import Ledger
+from .placement import NodePlacement, NoFit, describe_request, host_problem, need_text, place_pod
+from .pod_request import NUMA_BIND, PodRequest, parse_pod
+from .policies import MAX_SCORE, POLICIES, Policy, ScoreContext
+
+DEFAULT_POLICY = "binpack"  # measured best on the openb trace: docs/benchmarks.md
+MIX_REFRESH_PER_CALL = 16  # cached scores refreshed per call after the mix moved
+
+
+@dataclass
+class FilterOutcome:
+    passed: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    unresolvable: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PodRef:
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def pod_ref(pod: Mapping[str, Any]) -> PodRef:
+    metadata = pod.get("metadata") or {}
+    return PodRef(
+        namespace=metadata.get("namespace") or "default",
+        name=metadata.get("name") or "",
+        uid=metadata.get("uid") or "",
+    )
+
+
+@dataclass(frozen=True)
+class _Unfit:
+    reason: str
+    forever: bool  # even idle and healthy, this node could not hold it
+
+
+@dataclass(frozen=True)
+class _Fit:
+    placement: NodePlacement
+    raw_score: float
+    score10: int  # absolute_scores of raw_score, for policies whose scores are absolute
+
+
+class Unplaceable(Exception):
+    """The pod cannot be committed to that node; the message says why."""
+
+
+class PlacementCore:
+    def __init__(
+        self,
+        cluster: ClusterState,
+        ledger: Ledger,
+        *,
+        node_policy: str = DEFAULT_POLICY,
+        gpu_policy: str = DEFAULT_POLICY,
+        request_config: RequestConfig = DEFAULT_CONFIG,
+        mix: WorkloadMix | None = None,
+        policies: Mapping[str, Policy] | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.ledger = ledger
+        self.policies = dict(policies or POLICIES)
+        for name in (node_policy, gpu_policy):
+            if name not in self.policies:
+                raise ValueError(
+                    f"unknown placement policy {name!r} (known: {', '.join(sorted(self.policies))})"
+                )
+        self.node_policy = node_policy
+        self.gpu_policy = gpu_policy
+        self.request_config = request_config
+        self.mix = mix or WorkloadMix()
+        self._never: dict[tuple[object, ...], str | None] = {}
+        self._shape_ids: dict[tuple[object, ...], int] = {}
+        self._refresh_budget = MIX_REFRESH_PER_CALL
+
+    # -- requests -------------------------------------------------------------------------
+
+    def parse(self, pod: Mapping[str, Any]) -> PodRequest:
+        """The pod's request; RequestError naming what is malformed."""
+        return parse_pod(pod, frozenset(self.policies), self.request_config)
+
+    def observe(self, pod: PodRequest) -> None:
+        """Count the pod's shapes in the recent workload mix (FGD's view of demand)."""
+        self.mix.observe(Shape.of(r) for r in pod.app)
+
+    def policies_of(self, pod: PodRequest) -> tuple[Policy, Policy]:
+        return (
+            self.policies[pod.node_policy or self.node_policy],
+            self.policies[pod.gpu_policy or self.gpu_policy],
+        )
+
+    # -- per node -------------------------------------------------------------------------
+
+    def _key(self, pod: PodRequest) -> tuple[int, str, str]:
+        """The cache key of a pod's shape under its policies: computed once per call, cheap
+        to hash once per node. The call's refresh budget is reset here too."""
+        self._refresh_budget = MIX_REFRESH_PER_CALL
+        self._call_mix_version = self._mix_version(pod)
+        shape_id = self._shape_ids.get(pod.shape)
+        if shape_id is None:
+            if len(self._shape_ids) > 100_000:
+                self._shape_ids.clear()
+            shape_id = self._shape_ids[pod.shape] = len(self._shape_ids)
+        node_policy, gpu_policy = self.policies_of(pod)
+        return (shape_id, node_policy.name, gpu_policy.name)
+
+    def _mix_version(self, pod: PodRequest) -> int:
+        if any(getattr(p, "uses_mix", False) for p in self.policies_of(pod)):
+            return self.mix.snapshot().version
+        return 0
+
+    def _evaluate(
+        self, node: NodeState, pod: PodRequest, key: tuple[int, str, str] | None = None
+    ) -> _Fit | _Unfit:
+        """Fit and score of the pod on one node, cached until the node changes.
+
+        When the workload mix moves, cached scores of unchanged nodes stay in use and are
+        refreshed a few per call (fit itself never depends on the mix), so a new mix never
+        makes one call recompute the whole cluster."""
+        if (pod.cpu_milli and node.cpu_milli) or (pod.memory_mib and node.host_memory_mib):
+            problem = host_problem(node, pod)
+            if problem is not None:
+                forever = host_problem(node, pod, empty=True) is not None
+                if forever:
+                    return _Unfit(f"node {node.name!r} can never hold it: {problem}", True)
+                return _Unfit(f"node {node.name!r}: {problem}", False)
+        if key is None:
+            key = self._key(pod)
+        mix_version = self._call_mix_version
+        cached: Any = node.cache.get(key)
+        if cached is not None and cached[0] == node.version:
+            if cached[1] == mix_version or isinstance(cached[2], _Unfit):
+                return cached[2]  # type: ignore[no-any-return]
+            if self._refresh_budget <= 0:
+                return cached[2]  # type: ignore[no-any-return]
+            self._refresh_budget -= 1
+        node_policy, gpu_policy = self.policies_of(pod)
+        ctx = ScoreContext(self.mix.snapshot())
+        result: _Fit | _Unfit
+        try:
+            placement = place_pod(node, pod, gpu_policy, ctx)
+            raw = node_policy.node_score(ctx, placement.trial, pod)
+            result = _Fit(placement, raw, max(0, min(MAX_SCORE, round(MAX_SCORE * raw))))
+        except NoFit as exc:
+            problem = self._capacity_problem(node, pod)
+            if problem is not None:
+                result = _Unfit(f"node {node.name!r} can never hold it: {problem}", True)
+            else:
+                result = _Unfit(f"node {node.name!r}: {exc}", False)
+        node.cache[key] = (node.version, mix_version, result)
+        return result
+
+    def _capacity_problem(self, node: NodeState, pod: PodRequest) -> NoFit | None:
+        try:
+            place_pod(node, pod, self.policies["binpack"], ScoreContext(self.mix.snapshot()), True)
+        except NoFit as exc:
+            return exc
+        return None
+
+    def placement(self, pod: PodRequest, node_name: str) -> NodePlacement:
+        """Where the pod's slices would go on `node_name` now; Unplaceable when they can't."""
+        status = self.cluster.status(node_name)
+        node = self.cluster.node(node_name)
+        if not status.available or node is None:
+            raise Unplaceable(status.reason)
+        result = self._evaluate(node, pod)
+        if isinstance(result, _Unfit):
+            raise Unplaceable(result.reason)
+        return result.placement
+
+    # -- cluster-wide ---------------------------------------------------------------------
+
+    def never_fits(self, pod: PodRequest) -> str | None:
+        """A reason when no known node could ever hold the pod; None when one could."""
+        key = (pod.shape, self.cluster.capacity_version)
+        if key in self._never:
+            return self._never[key]
+        reason = self._never_fits(pod)
+        if len(self._never) > 4096:
+            self._never.clear()
+        self._never[key] = reason
+        return reason
+
+    def _never_fits(self, pod: PodRequest) -> str | None:
+        states = list(self.cluster.states())
+        if not states or not pod.containers:
+            return None
+        memo: dict[tuple[object, ...], bool] = {}
+
+        def fits_somewhere(candidate: PodRequest) -> bool:
+            for node in states:
+                signature = (
+                    candidate.shape,
+                    tuple(
+                        (
+                            g.device.model,
+                            g.base_memory_mib,
+                            g.memory_mib,
+                            g.slots,
+                            g.device.numa_node,
+                        )
+                        + (
+                            (g.uuid,)
+                            if candidate.selection.use_uuids or candidate.selection.nouse_uuids
+                            else ()
+                        )
+                        for g in node.gpus
+                    ),
+                    node.cpu_milli,
+                    node.host_memory_mib,
+                    candidate.cpu_milli,
+                    candidate.memory_mib,
+                )
+                found = memo.get(signature)
+                if found is None:
+                    found = (
+                        host_problem(node, candidate, empty=True) is None
+                        and self._capacity_problem(node, candidate) is None
+                    )
+                    memo[signature] = found
+                if found:
+                    return True
+            return False
+
+        selection = pod.selection.describe()
+        allowed = f" allowed by {selection}" if selection else ""
+        for request in pod.containers:
+            alone = PodRequest(
+                containers=(request,), selection=pod.selection, numa_bind=pod.numa_bind
+            )
+            if not fits_somewhere(alone):
+                numa = (
+                    f" on one NUMA node ({NUMA_BIND})" if pod.numa_bind and request.gpus > 1 else ""
+                )
+                largest = max((g.memory_mib for n in states for g in n.gpus), default=0)
+                most = max(len(n.gpus) for n in states)
+                return (
+                    f"container {request.container!r} ({describe_request(request)}) can never "
+                    f"fit: no node in the cluster has {need_text(request)}{numa}{allowed} "
+                    f"(largest GPU: {largest} MiB, most GPUs on one node: {most})"
+                )
+        if not fits_somewhere(pod):
+            names = ", ".join(repr(r.container) for r in pod.containers)
+            return (
+                f"containers {names} can never fit together: no node in the cluster has room "
+                f"for all of them at once{allowed}"
+            )
+        return None
+
+    # -- the verbs ------------------------------------------------------------------------
+
+    def filter(self, pod: PodRequest, node_names: Iterable[str]) -> FilterOutcome:
+        """Which nodes could take the pod now; reasons for the others."""
+        names = list(dict.fromkeys(node_names))
+        outcome = FilterOutcome()
+        if not pod.containers:
+            outcome.passed = names  # no GPU asked: not ours to judge
+            return outcome
+        never = self.never_fits(pod)
+        if never:
+            outcome.unresolvable = dict.fromkeys(names, never)
+            return outcome
+        nodes = self.cluster
+        key = self._key(pod)
+        fresh_since, get = nodes.fresh_since(), nodes.lookup()
+        fast = not (pod.cpu_milli or pod.memory_mib)
+        mix_version = self._call_mix_version
+        passed = outcome.passed
+        for name in names:
+            node = get(name)
+            if node is None or node.received_at < fresh_since:
+                outcome.failed[name] = nodes.status(name).reason
+                continue
+            cached = node.cache.get(key) if fast else None
+            if cached is not None and cached[0] == node.version and cached[1] == mix_version:
+                result = cached[2]  # the hot path: this node did not change since
+            else:
+                result = self._evaluate(node, pod, key)
+            if type(result) is _Fit:
+                passed.append(name)
+            elif result.forever:
+                outcome.unresolvable[name] = result.reason
+            else:
+                outcome.failed[name] = result.reason
+        return outcome
+
+    def raw_scores(self, pod: PodRequest, node_names: Iterable[str]) -> dict[str, float]:
+        """The node policy's own scores (higher is better) of the nodes that can take the pod."""
+        raw: dict[str, float] = {}
+        if not pod.containers:
+            return raw
+        nodes = self.cluster
+        key = self._key(pod)
+        fresh_since, get = nodes.fresh_since(), nodes.lookup()
+        fast = not (pod.cpu_milli or pod.memory_mib)
+        mix_version = self._call_mix_version
+        for name in dict.fromkeys(node_names):
+            node = get(name)
+            if node is None or node.received_at < fresh_since:
+                continue
+            cached = node.cache.get(key) if fast else None
+            if cached is not None and cached[0] == node.version and cached[1] == mix_version:
+                result = cached[2]
+            else:
+                result = self._evaluate(node, pod, key)
+            if type(result) is _Fit:
+                raw[name] = result.raw_score
+        return raw
+
+    def prioritize(self, pod: PodRequest, node_names: Iterable[str]) -> dict[str, int]:
+        """Scores 0..10 by the pod's node policy; 0 for nodes that cannot take it."""
+        names = list(dict.fromkeys(node_names))
+        node_policy, _ = self.policies_of(pod)
+        if not getattr(node_policy, "absolute", False) or not pod.containers:
+            scores = dict.fromkeys(names, 0)
+            scores.update(node_policy.to_scores(self.raw_scores(pod, names)))
+            return scores
+        # Absolute 0..10 scores are cached per node with the fit: one pass, no rescaling.
+        key = self._key(pod)
+        nodes = self.cluster
+        fresh_since, get = nodes.fresh_since(), nodes.lookup()
+        fast = not (pod.cpu_milli or pod.memory_mib)
+        mix_version = self._call_mix_version
+        scores = {}
+        for name in names:
+            node = get(name)
+            if node is None or node.received_at < fresh_since:
+                scores[name] = 0
+                continue
+            cached = node.cache.get(key) if fast else None
+            if cached is not None and cached[0] == node.version and cached[1] == mix_version:
+                result = cached[2]
+            else:
+                result = self._evaluate(node, pod, key)
+            scores[name] = result.score10 if type(result) is _Fit else 0
+        return scores
+
+    def best_node(self, pod: PodRequest, node_names: Sequence[str] | None = None) -> str | None:
+        """Filter over `node_names` (default: every node), then the best by the node policy's
+        exact score, ties to the lowest name: what the simulator and benchmarks use. Through
+        kube-scheduler the same ranking arrives quantised to 0..10 (see to_scores)."""
+        names = self.cluster.nodes() if node_names is None else list(node_names)
+        passed = self.filter(pod, names).passed
+        if not passed:
+            return None
+        raw = self.raw_scores(pod, passed)
+        return min(passed, key=lambda n: (-raw.get(n, float("-inf")), n))
+
+    def commit(
+        self, ref: PodRef, node_name: str, pod: PodRequest, traceparent: str = ""
+    ) -> PodAllocation:
+        """Place and record in one synchronous step: nothing runs between check and record."""
+        if ref.uid in self.ledger:
+            raise Unplaceable(f"pod {ref} (uid {ref.uid}) is already recorded")
+        try:
+            placement = self.placement(pod, node_name)
+        except Unplaceable as exc:
+            raise Unplaceable(f"node {node_name!r} no longer fits pod {ref}: {exc}") from exc
+        node = self.cluster.node(node_name)
+        assert node is not None
+        node_policy, gpu_policy = self.policies_of(pod)
+        allocation = PodAllocation(
+            namespace=ref.namespace,
+            name=ref.name,
+            uid=ref.uid,
+            node=node_name,
+            containers={
+                r.container: ContainerAllocation(
+                    container=r.container, slices=placement.slices[r.container], init=r.init
+                )
+                for r in pod.containers
+            },
+            traceparent=traceparent,
+            memory_scaling=node.memory_scaling,
+            policy=f"{node_policy.name}/{gpu_policy.name}",
+        )
+        self.ledger.record(
+            allocation, {r.container: r for r in pod.containers}, pod.cpu_milli, pod.memory_mib
+        )
+        return allocation

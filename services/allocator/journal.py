@@ -1,0 +1,271 @@
+"""Durable decisions: each node's records in one JetStream KV key, written compare-and-set.
+
+Key ``node.<node token>`` holds every PodAllocation on that node. A write names the revision
+it last saw; if another allocator replica wrote the node since, the write is refused, the
+journal reads the node back, takes the other replica's records, re-applies its own pending
+changes on top (dropping an added pod that no longer fits: that bind lost the race and is
+retried or refused) and writes again. So two replicas can never promise the same memory.
+
+Writes to one node are serialised in this process and coalesced: a write carries every change
+made to the node so far, so binds queued behind it return as soon as it lands. Other
+replicas' writes arrive through a watch on the bucket and replace the local view of the node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+from nats.js.api import KeyValueConfig
+from nats.js.client import JetStreamContext
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from services.common.schemas import PodAllocation
+from services.common.subjects import node_token
+
+from .ledger import Ledger
+from .placement import overbooked, pod_charges
+
+log = logging.getLogger("vgpu.allocator")
+
+KEY_PREFIX = "node."
+
+
+class NodeRecords(msgspec.Struct, kw_only=True):
+    """The value of one node's key in the bucket."""
+
+    node: str
+    pods: list[PodAllocation]
+
+
+class JournalError(RuntimeError):
+    """The store could not be written; the decision was not made durable."""
+
+
+class LostRace(JournalError):
+    """Another replica took the room first: these pods' records were dropped."""
+
+    def __init__(self, uids: set[str]) -> None:
+        self.uids = uids
+        super().__init__(f"another allocator replica took the room first for {sorted(uids)}")
+
+
+def node_key(node: str) -> str:
+    return KEY_PREFIX + node_token(node)
+
+
+_encode = msgspec.json.Encoder().encode
+_decoder = msgspec.json.Decoder(NodeRecords)
+
+
+@dataclass
+class _NodeJournal:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    revision: int = 0
+    added: set[str] = field(default_factory=set)
+    removed: set[str] = field(default_factory=set)
+    changed: set[str] = field(default_factory=set)
+    generation: int = 0  # local changes made
+    written: int = 0  # local changes durable
+    lost: set[str] = field(default_factory=set)  # added pods another replica pushed out
+
+
+class Journal:
+    """Keeps the ledger and the KV bucket in step. With no bucket it only tracks changes."""
+
+    def __init__(self, ledger: Ledger, on_remote: Callable[[str], None] | None = None) -> None:
+        self._ledger = ledger
+        self._kv: KeyValue | None = None
+        self._nodes: dict[str, _NodeJournal] = {}
+        self._watch_task: asyncio.Task[None] | None = None
+        self._on_remote = on_remote or (lambda node: None)
+        self.loaded = asyncio.Event()
+
+    @property
+    def durable(self) -> bool:
+        return self._kv is not None
+
+    def _node(self, node: str) -> _NodeJournal:
+        found = self._nodes.get(node)
+        if found is None:
+            found = self._nodes[node] = _NodeJournal()
+        return found
+
+    # -- start / stop ---------------------------------------------------------------------
+
+    async def open(self, js: JetStreamContext, bucket: str, replicas: int = 1) -> None:
+        """Open (or create) the bucket, load every node's records, then follow changes."""
+        try:
+            self._kv = await js.key_value(bucket)
+        except BucketNotFoundError:
+            self._kv = await js.create_key_value(
+                KeyValueConfig(bucket=bucket, history=1, replicas=replicas)
+            )
+        watcher = await self._kv.watchall()
+        async for entry in watcher:  # the current values, then None
+            if entry is None:
+                break
+            await self._apply_entry(entry)
+        self.loaded.set()
+        self._watch_task = asyncio.create_task(self._follow(watcher))
+
+    async def close(self) -> None:
+        task, self._watch_task = self._watch_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._kv = None
+
+    async def _follow(self, watcher: KeyValue.KeyWatcher) -> None:
+        while True:
+            try:
+                entry = await watcher.updates(timeout=3600)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a timeout with nothing new, or a reconnect: go on
+                log.debug("kv watch", extra={"error": str(exc)})
+                await asyncio.sleep(0.05)
+                continue
+            if entry is not None:
+                await self._apply_entry(entry)
+
+    async def _apply_entry(self, entry: KeyValue.Entry) -> None:
+        if not entry.key.startswith(KEY_PREFIX):
+            return
+        try:
+            records = (
+                NodeRecords(node="", pods=[])
+                if entry.operation in ("DEL", "PURGE") or not entry.value
+                else _decoder.decode(entry.value)
+            )
+        except msgspec.DecodeError as exc:
+            log.error(
+                "undecodable node records in the store", extra={"key": entry.key, "error": str(exc)}
+            )
+            return
+        node = records.node or entry.key[len(KEY_PREFIX) :]
+        journal = self._node(node)
+        async with journal.lock:
+            if entry.revision <= journal.revision:
+                return  # our own write coming back, or older
+            self._take(node, records.pods, journal)
+            journal.revision = entry.revision
+        self._on_remote(node)
+
+    # -- local changes --------------------------------------------------------------------
+
+    def added(self, node: str, uid: str) -> None:
+        journal = self._node(node)
+        journal.added.add(uid)
+        journal.removed.discard(uid)
+        journal.generation += 1
+
+    def removed(self, node: str, uid: str) -> None:
+        journal = self._node(node)
+        journal.removed.add(uid)
+        journal.added.discard(uid)
+        journal.changed.discard(uid)
+        journal.generation += 1
+
+    def changed(self, node: str, uid: str) -> None:
+        journal = self._node(node)
+        journal.changed.add(uid)
+        journal.generation += 1
+
+    async def save(self, node: str, uid: str = "") -> None:
+        """Make every local change to `node` so far durable. LostRace when the pod `uid`
+        was pushed out by another replica's writes; JournalError when the store fails."""
+        journal = self._node(node)
+        wanted = journal.generation
+        async with journal.lock:
+            if journal.written < wanted:
+                await self._write(node, journal)
+        if uid and uid in journal.lost:
+            journal.lost.discard(uid)
+            raise LostRace({uid})
+
+    async def _write(self, node: str, journal: _NodeJournal) -> None:
+        for _ in range(8):
+            if self._kv is None:
+                journal.written = journal.generation
+                break
+            generation = journal.generation
+            value = _encode(NodeRecords(node=node, pods=self._ledger.on_node(node)))
+            try:
+                journal.revision = await self._kv.update(
+                    node_key(node), value, last=journal.revision
+                )
+            except KeyWrongLastSequenceError:
+                journal.lost |= await self._reconcile(node, journal)
+                continue
+            except Exception as exc:
+                raise JournalError(f"cannot write node {node!r} to the store: {exc}") from exc
+            journal.written = generation
+            break
+        else:
+            raise JournalError(f"node {node!r}: the store kept changing under us")
+        if journal.written >= journal.generation:
+            journal.added.clear()
+            journal.removed.clear()
+            journal.changed.clear()
+        if len(journal.lost) > 10_000:
+            journal.lost.clear()
+
+    async def _reconcile(self, node: str, journal: _NodeJournal) -> set[str]:
+        """Take the store's records for `node`, then re-apply our pending changes."""
+        assert self._kv is not None
+        try:
+            entry = await self._kv.get(node_key(node))
+            records = (
+                _decoder.decode(entry.value) if entry.value else NodeRecords(node=node, pods=[])
+            )
+            revision = entry.revision or 0
+        except KeyNotFoundError as exc:
+            records, revision = NodeRecords(node=node, pods=[]), getattr(exc, "entry", None)
+            revision = revision.revision if revision is not None and revision.revision else 0
+        mine = {a.uid: a for a in self._ledger.on_node(node)}
+        lost = self._take(node, records.pods, journal, mine)
+        journal.revision = revision
+        self._on_remote(node)
+        return lost
+
+    def _take(
+        self,
+        node: str,
+        pods: list[PodAllocation],
+        journal: _NodeJournal,
+        mine: dict[str, PodAllocation] | None = None,
+    ) -> set[str]:
+        """Replace the ledger's view of `node` with `pods`, keeping our pending changes."""
+        ledger = self._ledger
+        mine = mine if mine is not None else {a.uid: a for a in ledger.on_node(node)}
+        theirs = {a.uid: a for a in pods}
+        for uid in list(mine):
+            if uid not in theirs:
+                ledger.release(uid)
+        for uid, allocation in theirs.items():
+            if uid in journal.removed:
+                ledger.release(uid)  # we released it: our change wins
+            elif uid in journal.changed and uid in mine:
+                ledger.replace(mine[uid])
+            else:
+                ledger.replace(allocation)
+        lost: set[str] = set()
+        state = ledger.cluster.node(node)
+        for uid in list(journal.added):
+            allocation = mine.get(uid)
+            if allocation is None or uid in theirs:
+                continue
+            charges = pod_charges(allocation.containers)
+            if state is not None and overbooked(state, {}, charges):
+                lost.add(uid)
+                journal.added.discard(uid)
+                continue
+            ledger.record(allocation)
+        return lost

@@ -1,0 +1,270 @@
+"""The Kubernetes cluster backend, with the official ``kubernetes`` client.
+
+- bind: POST ``pods/<name>/binding`` (a v1.Binding carrying the pod's UID as precondition);
+- annotate: PATCH the pod (merge patch) with the decision, JSON keyed by container name;
+- get_pod: GET the pod as plain JSON (camelCase, as the extender receives it);
+- emit_event: POST a v1.Event (reason ``VgpuUnschedulable``) for scheduling failures;
+- run_pod_watch: list every pod, hand the list to the rebuild, then watch from the list's
+  resourceVersion (relisting on 410 Gone) and release a pod's slices when it is deleted or
+  reaches Succeeded/Failed.
+
+The client is synchronous (urllib3), so every call runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import json
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes import watch as k8s_watch
+from kubernetes.client.rest import ApiException
+
+from .backend import BackendError
+from .core import pod_ref
+from .engine import ALLOCATION_ANNOTATION, PlacementEngine, decode_annotation
+
+log = logging.getLogger("vgpu.allocator")
+
+WATCH_TIMEOUT_S = 5  # each watch request ends this often, so stopping never waits long
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+def _api_error(exc: ApiException) -> str:
+    try:
+        return str(json.loads(exc.body).get("message") or exc.reason)
+    except (TypeError, ValueError):
+        return str(exc.reason)
+
+
+class KubernetesBackend:
+    def __init__(self, api_client: k8s.ApiClient, component: str = "vgpu-allocator") -> None:
+        self._api_client = api_client
+        self.core = k8s.CoreV1Api(api_client)
+        self.component = component
+        self._stopping = threading.Event()
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> KubernetesBackend:
+        configuration = k8s.Configuration()
+        if settings.kube_api_url:
+            configuration.host = settings.kube_api_url
+        elif settings.kubeconfig:
+            k8s_config.load_kube_config(
+                config_file=settings.kubeconfig, client_configuration=configuration
+            )
+        else:
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        return cls(k8s.ApiClient(configuration))
+
+    @classmethod
+    def for_url(cls, url: str) -> KubernetesBackend:
+        configuration = k8s.Configuration()
+        configuration.host = url
+        return cls(k8s.ApiClient(configuration))
+
+    async def close(self) -> None:
+        self._stopping.set()
+        await asyncio.to_thread(self._api_client.close)
+
+    # -- ClusterBackend -------------------------------------------------------------------
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        try:
+            # The generated client cannot decode the Status this call answers with: read raw.
+            await asyncio.to_thread(
+                self.core.create_namespaced_pod_binding,
+                name,
+                namespace,
+                body,
+                _preload_content=False,
+            )
+        except ApiException as exc:
+            raise BackendError(f"binding refused ({exc.status}): {_api_error(exc)}") from exc
+
+    async def annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        patch = {"metadata": {"annotations": annotations}}
+        try:
+            await asyncio.to_thread(
+                self.core.patch_namespaced_pod, name, namespace, patch, _preload_content=False
+            )
+        except ApiException as exc:
+            raise BackendError(f"patch refused ({exc.status}): {_api_error(exc)}") from exc
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            response = await asyncio.to_thread(
+                self.core.read_namespaced_pod, name, namespace, _preload_content=False
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise BackendError(f"cannot read pod ({exc.status}): {_api_error(exc)}") from exc
+        return json.loads(response.data)
+
+    async def emit_event(
+        self, namespace: str, name: str, uid: str, reason: str, message: str
+    ) -> None:
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{name}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name,
+                "uid": uid,
+            },
+            "reason": reason,
+            "message": message,
+            "type": "Warning",
+            "source": {"component": self.component},
+            "reportingComponent": self.component,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }  # fmt: skip
+        try:
+            await asyncio.to_thread(
+                self.core.create_namespaced_event, namespace, event, _preload_content=False
+            )
+        except ApiException as exc:
+            raise BackendError(f"event refused ({exc.status}): {_api_error(exc)}") from exc
+
+    # -- pod watch ------------------------------------------------------------------------
+
+    def _list(self) -> tuple[list[dict[str, Any]], str]:
+        response = self.core.list_pod_for_all_namespaces(_preload_content=False)
+        listed = json.loads(response.data)
+        return listed.get("items") or [], str(listed["metadata"]["resourceVersion"])
+
+    def _watch_once(self, resource_version: str, deliver: Any) -> tuple[str, bool]:
+        """One watch request; (last resourceVersion, gone) — gone asks for a relist."""
+        watcher = k8s_watch.Watch()
+        try:
+            for event in watcher.stream(
+                self.core.list_pod_for_all_namespaces,
+                resource_version=resource_version,
+                timeout_seconds=WATCH_TIMEOUT_S,
+                allow_watch_bookmarks=True,
+                deserialize=False,  # plain JSON: no model validation of other people's pods
+            ):
+                if self._stopping.is_set():
+                    break
+                raw = event.get("object") or {}
+                if event.get("type") == "ERROR":
+                    return resource_version, True
+                version = (raw.get("metadata") or {}).get("resourceVersion")
+                if version:
+                    resource_version = str(version)
+                if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                    deliver(event["type"], raw)
+        except ApiException as exc:
+            return resource_version, exc.status == 410
+        except KeyError:  # the client trips over an ERROR event when not deserializing: 410
+            return resource_version, True
+        finally:
+            watcher.stop()
+        return resource_version, False
+
+    async def run_pod_watch(self, handler: PodHandler) -> None:
+        """List, rebuild, then follow pod changes until cancelled."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+
+        def deliver(kind: str, pod: dict[str, Any]) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, (kind, pod))
+
+        async def consume() -> None:
+            while True:
+                kind, pod = await queue.get()
+                try:
+                    await handler.on_change(kind, pod)
+                except Exception:
+                    log.exception("pod change handler failed")
+
+        consumer = asyncio.create_task(consume())
+        try:
+            while not self._stopping.is_set():
+                started = time.time()
+                try:
+                    pods, version = await asyncio.to_thread(self._list)
+                except Exception as exc:
+                    log.warning("cannot list pods", extra={"error": str(exc)})
+                    await asyncio.sleep(1)
+                    continue
+                await handler.on_list(pods, started)
+                gone = False
+                while not gone and not self._stopping.is_set():
+                    version, gone = await asyncio.to_thread(self._watch_once, version, deliver)
+        finally:
+            consumer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await consumer
+
+
+class PodHandler(Protocol):
+    async def on_list(self, pods: list[dict[str, Any]], listed_at: float) -> None: ...
+
+    async def on_change(self, kind: str, pod: dict[str, Any]) -> None: ...
+
+
+def _finished(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
+
+
+class PodWatchHandler:
+    """Rebuild from pod annotations at list time; release pods that end."""
+
+    def __init__(self, engine: PlacementEngine) -> None:
+        self._engine = engine
+
+    async def on_list(self, pods: list[dict[str, Any]], listed_at: float) -> None:
+        engine = self._engine
+        alive: set[str] = set()
+        adopted = released = 0
+        for pod in pods:
+            ref = pod_ref(pod)
+            if _finished(pod):
+                released += await engine.release(ref.uid) is not None
+                continue
+            alive.add(ref.uid)
+            annotation = ((pod.get("metadata") or {}).get("annotations") or {}).get(
+                ALLOCATION_ANNOTATION
+            )
+            node = (pod.get("spec") or {}).get("nodeName")
+            if annotation and node and ref.uid not in engine.ledger:
+                inits = {c.get("name") for c in (pod.get("spec") or {}).get("initContainers") or []}
+                try:
+                    allocation = decode_annotation(annotation, pod, node, inits)
+                except Exception as exc:
+                    log.warning(
+                        "unreadable allocation annotation",
+                        extra={"pod": str(ref), "error": str(exc)},
+                    )
+                    continue
+                adopted += await engine.adopt(allocation)
+        for allocation in engine.allocations():
+            if allocation.uid not in alive and allocation.bound_at < listed_at:
+                released += await engine.release(allocation.uid) is not None
+        log.info(
+            "rebuilt from the cluster's pods",
+            extra={"pods": len(pods), "adopted": adopted, "released": released},
+        )
+
+    async def on_change(self, kind: str, pod: dict[str, Any]) -> None:
+        if kind == "DELETED" or _finished(pod):
+            await self._engine.release(pod_ref(pod).uid)

@@ -1,0 +1,216 @@
+"""Placement policies: small plug-ins that score GPU sets within a node and nodes in a cluster.
+
+A policy never decides fit (placement.py does, the same for all policies); it only ranks what
+fits. ``gpu_score`` ranks a candidate GPU set for one container on one node; ``node_score``
+ranks a node given the whole pod's placement there; ``to_scores`` turns raw node scores into
+kube-scheduler's 0..10. Higher is better everywhere. Add a policy by writing a class with
+these three methods and registering it in ``POLICIES``.
+
+Built in: ``binpack`` and ``spread`` (node and GPU level, as HAMi), ``topology``
+(multi-GPU containers on NVLink-connected GPUs, binpack otherwise) and ``fgd``
+(fragmentation gradient descent, fragmentation.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .cluster import FULL_COMPUTE, Charge, GpuState, NodeState
+from .fragmentation import MixSnapshot, expected_increase
+from .pod_request import PodRequest
+
+MAX_SCORE = 10
+_ZERO = Charge()
+
+
+@dataclass
+class Trial:
+    """A node as it would be with a pod's charges placed so far (``extra`` per GPU uuid)."""
+
+    node: NodeState
+    extra: dict[str, Charge] = field(default_factory=dict)
+    empty: bool = False  # capacity checks: as if nothing were placed and every GPU healthy
+    _profiles: tuple[int, list[tuple[int, float, float]]] | None = field(default=None, repr=False)
+
+    def changed(self) -> None:
+        """`extra` changed: forget derived views."""
+        self._profiles = None
+
+    def profiles(self, mix: MixSnapshot) -> list[tuple[int, float, float]]:
+        """Each GPU's fragmentation profile in the trial's state (node.gpus order), memoised."""
+        if self._profiles is None or self._profiles[0] != mix.version:
+            self._profiles = (mix.version, [mix.profile(self.key(g)) for g in self.node.gpus])
+        return self._profiles[1]
+
+    def used(self, gpu: GpuState) -> Charge:
+        base = _ZERO if self.empty else gpu.used
+        extra = self.extra.get(gpu.uuid)
+        return base if extra is None else base + extra
+
+    def key(self, gpu: GpuState, add: Charge | None = None) -> tuple[object, ...]:
+        used = self.used(gpu)
+        if add is not None:
+            used = used + add
+        return (
+            gpu.device.model,
+            gpu.base_memory_mib,
+            gpu.memory_mib - used.memory_mib,
+            FULL_COMPUTE - used.cores,
+            gpu.slots - used.slots,
+            self.empty or gpu.healthy,
+        )
+
+
+@dataclass(frozen=True)
+class ScoreContext:
+    mix: MixSnapshot
+
+
+class Policy(Protocol):
+    name: str
+
+    def gpu_score(
+        self,
+        ctx: ScoreContext,
+        trial: Trial,
+        gpus: Sequence[GpuState],
+        adds: Sequence[Charge],
+    ) -> float: ...
+
+    def node_score(self, ctx: ScoreContext, trial: Trial, pod: PodRequest) -> float: ...
+
+    def to_scores(self, raw: Mapping[str, float]) -> dict[str, int]: ...
+
+
+def _fullness(trial: Trial, gpus: Sequence[GpuState], adds: Sequence[Charge]) -> float:
+    """How full the GPUs would be after adding (memory and compute share, averaged)."""
+    total = 0.0
+    for gpu, add in zip(gpus, adds, strict=True):
+        um, uc, _ = _ZERO if trial.empty else gpu.used
+        em, ec, _ = trial.extra.get(gpu.uuid) or _ZERO
+        memory = (um + em + add[0]) / gpu.memory_mib if gpu.memory_mib else 1.0
+        total += (memory + (uc + ec + add[1]) / FULL_COMPUTE) / 2
+    return total / len(gpus) if gpus else 0.0
+
+
+def node_memory_fullness(trial: Trial) -> float:
+    """Share of the node's GPU memory promised, counting the trial's extra charges."""
+    total = sum(g.memory_mib for g in trial.node.gpus)
+    used = sum(trial.used(g).memory_mib for g in trial.node.gpus)
+    return used / total if total else 0.0
+
+
+def absolute_scores(raw: Mapping[str, float]) -> dict[str, int]:
+    """Raw scores already in [0, 1]: scaled to 0..10."""
+    return {node: max(0, min(MAX_SCORE, round(MAX_SCORE * value))) for node, value in raw.items()}
+
+
+def relative_scores(raw: Mapping[str, float]) -> dict[str, int]:
+    """Raw scores on any scale: exactly the best get 10, the others 0..9 linearly between the
+    worst and the best, so kube-scheduler's 11 levels never blur the winner into a crowd."""
+    if not raw:
+        return {}
+    low, high = min(raw.values()), max(raw.values())
+    if high - low < 1e-9:
+        return dict.fromkeys(raw, MAX_SCORE)
+    span = high - low
+    return {
+        n: MAX_SCORE
+        if high - v < 1e-9
+        else min(MAX_SCORE - 1, round((MAX_SCORE - 1) * (v - low) / span))
+        for n, v in raw.items()
+    }
+
+
+class Binpack:
+    """Fill what is already used: fuller GPUs and nodes first (HAMi's default node policy)."""
+
+    name = "binpack"
+    absolute = True  # to_scores is absolute_scores: cached per node
+
+    def gpu_score(self, ctx, trial, gpus, adds) -> float:  # type: ignore[no-untyped-def]
+        return _fullness(trial, gpus, adds)
+
+    def node_score(self, ctx: ScoreContext, trial: Trial, pod: PodRequest) -> float:
+        return node_memory_fullness(trial)
+
+    def to_scores(self, raw: Mapping[str, float]) -> dict[str, int]:
+        return absolute_scores(raw)
+
+
+class Spread:
+    """Keep load apart: emptier GPUs and nodes first (HAMi's default GPU policy)."""
+
+    name = "spread"
+    absolute = True  # to_scores is absolute_scores: cached per node
+
+    def gpu_score(self, ctx, trial, gpus, adds) -> float:  # type: ignore[no-untyped-def]
+        return 1.0 - _fullness(trial, gpus, adds)
+
+    def node_score(self, ctx: ScoreContext, trial: Trial, pod: PodRequest) -> float:
+        return 1.0 - node_memory_fullness(trial)
+
+    def to_scores(self, raw: Mapping[str, float]) -> dict[str, int]:
+        return absolute_scores(raw)
+
+
+class Topology:
+    """Multi-GPU containers on GPUs joined by NVLink (most linked pairs), binpack otherwise.
+
+    A node scores by how well connected the pod's multi-GPU containers ended up (all pairs
+    linked = 1), then by fullness, so it both keeps links together and packs.
+    """
+
+    name = "topology"
+    absolute = True  # to_scores is absolute_scores: cached per node
+
+    @staticmethod
+    def _linked_share(gpus: Sequence[GpuState]) -> float:
+        pairs = [(a, b) for i, a in enumerate(gpus) for b in gpus[i + 1 :]]
+        if not pairs:
+            return 0.0
+        linked = sum(
+            b.uuid in a.device.nvlink_peers or a.uuid in b.device.nvlink_peers for a, b in pairs
+        )
+        return linked / len(pairs)
+
+    def gpu_score(self, ctx, trial, gpus, adds) -> float:  # type: ignore[no-untyped-def]
+        return self._linked_share(gpus) * 2 + _fullness(trial, gpus, adds)
+
+    def node_score(self, ctx: ScoreContext, trial: Trial, pod: PodRequest) -> float:
+        return node_memory_fullness(trial)
+
+    def to_scores(self, raw: Mapping[str, float]) -> dict[str, int]:
+        return absolute_scores(raw)
+
+
+class Fgd:
+    """Place where the expected fragmentation of the cluster grows least (Weng et al. 2023)."""
+
+    name = "fgd"
+    uses_mix = True  # scores depend on the workload mix: caches refresh when it moves
+
+    def gpu_score(self, ctx, trial, gpus, adds) -> float:  # type: ignore[no-untyped-def]
+        mix = ctx.mix
+        before = trial.profiles(mix)
+        after = list(before)
+        positions = trial.node.positions
+        for gpu, add in zip(gpus, adds, strict=True):
+            after[positions[gpu.uuid]] = mix.profile(trial.key(gpu, add))
+        # Tie-break on fullness so that with an empty mix it still packs.
+        increase = expected_increase(mix.frag_of(before), mix.frag_of(after))
+        return -increase + 1e-6 * _fullness(trial, gpus, adds)
+
+    def node_score(self, ctx: ScoreContext, trial: Trial, pod: PodRequest) -> float:
+        mix = ctx.mix
+        before = Trial(trial.node, empty=trial.empty).profiles(mix)
+        increase = expected_increase(mix.frag_of(before), mix.frag_of(trial.profiles(mix)))
+        return -increase + 1e-6 * node_memory_fullness(trial)
+
+    def to_scores(self, raw: Mapping[str, float]) -> dict[str, int]:
+        return relative_scores(raw)
+
+
+POLICIES: dict[str, Policy] = {p.name: p for p in (Binpack(), Spread(), Topology(), Fgd())}

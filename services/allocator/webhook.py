@@ -1,0 +1,160 @@
+"""The mutating admission webhook: AdmissionReview v1 over HTTPS, served by the allocator.
+
+For a pod that asks for GPU slices (in vgpu's names or any peer syntax) it sets
+``spec.schedulerName``, rewrites each container's GPU resources into vgpu's names with
+HAMi's defaults filled in (``nvidia.com/gpu`` added, Volcano/Aliyun/Tencent/AWS names and KAI
+annotations translated and removed), and gives every container that asks for no GPU
+``NVIDIA_VISIBLE_DEVICES=void`` so an image's ``=all`` cannot expose every GPU. A pod with a
+malformed GPU request is denied with the reason. Pods asking for no GPU are left alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import ssl
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import Counter
+
+from services.common.resources import (
+    KAI_FRACTION,
+    KAI_MEMORY,
+    PEER_RESOURCES,
+    RequestConfig,
+    RequestError,
+    container_requests,
+    normalized_limits,
+)
+
+from .core import PlacementCore
+
+log = logging.getLogger("vgpu.allocator")
+
+REVIEWS = Counter(
+    "vgpu_allocator_admission_reviews_total", "Admission reviews by outcome", ["outcome"]
+)
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+API_VERSION = "admission.k8s.io/v1"
+
+
+class BadReview(ValueError):
+    pass
+
+
+def _escape(token: str) -> str:
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def _without(resources: Mapping[str, Any], names: set[str]) -> dict[str, Any]:
+    return {k: v for k, v in resources.items() if k not in names}
+
+
+def mutate(
+    pod: Mapping[str, Any], config: RequestConfig, scheduler_name: str
+) -> list[dict[str, Any]]:
+    """The JSON patch for a pod; [] when it asks for no GPU. RequestError when malformed."""
+    requests = {(r.init, r.container): r for r in container_requests(pod, config)}
+    if not requests:
+        return []
+    ours = set(config.names.own()) | set(PEER_RESOURCES)
+    spec = pod.get("spec") or {}
+    patch: list[dict[str, Any]] = []
+    for key, init in (("initContainers", True), ("containers", False)):
+        for index, container in enumerate(spec.get(key) or []):
+            path = f"/spec/{key}/{index}"
+            request = requests.get((init, container.get("name")))
+            if request is None:
+                env = [e for e in container.get("env") or [] if e.get("name") != VISIBLE_DEVICES]
+                env.append({"name": VISIBLE_DEVICES, "value": "void"})
+                patch.append({"op": "add", "path": f"{path}/env", "value": env})
+                continue
+            resources = dict(container.get("resources") or {})
+            limits = normalized_limits(request, config.names)
+            resources["limits"] = {**_without(resources.get("limits") or {}, ours), **limits}
+            if "requests" in resources:
+                resources["requests"] = {**_without(resources["requests"] or {}, ours), **limits}
+            patch.append({"op": "add", "path": f"{path}/resources", "value": resources})
+    if spec.get("schedulerName") in (None, "", "default-scheduler"):
+        patch.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler_name})
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    for kai in (KAI_FRACTION, KAI_MEMORY):
+        if kai in annotations:  # translated above: the extender must not apply it again
+            patch.append({"op": "remove", "path": f"/metadata/annotations/{_escape(kai)}"})
+    return patch
+
+
+def review(body: bytes, config: RequestConfig, scheduler_name: str) -> dict[str, Any]:
+    """An AdmissionReview answer for an AdmissionReview request; BadReview if malformed."""
+    try:
+        document = json.loads(body)
+    except ValueError as exc:
+        raise BadReview(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(document, dict) or document.get("kind") != "AdmissionReview":
+        raise BadReview("expected an AdmissionReview object")
+    if document.get("apiVersion") != API_VERSION:
+        raise BadReview(f"apiVersion must be {API_VERSION}, got {document.get('apiVersion')!r}")
+    request = document.get("request")
+    if not isinstance(request, dict) or not isinstance(request.get("uid"), str):
+        raise BadReview("AdmissionReview.request.uid: missing")
+    answer: dict[str, Any] = {"uid": request["uid"], "allowed": True}
+    pod = request.get("object")
+    kind = (request.get("kind") or {}).get("kind")
+    if kind == "Pod" and isinstance(pod, dict):
+        try:
+            patch = mutate(pod, config, scheduler_name)
+        except RequestError as exc:
+            answer["allowed"] = False
+            answer["status"] = {"code": 400, "message": f"invalid GPU request: {exc}"}
+            REVIEWS.labels(outcome="denied").inc()
+        else:
+            if patch:
+                answer["patchType"] = "JSONPatch"
+                answer["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+            REVIEWS.labels(outcome="patched" if patch else "unchanged").inc()
+    return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": answer}
+
+
+class WebhookServer:
+    def __init__(self, settings: Any, core: PlacementCore) -> None:
+        self._settings = settings
+        self._config = core.request_config
+        self._runner: web.AppRunner | None = None
+        self._port = 0
+
+    @property
+    def url(self) -> str:
+        host = self._settings.webhook_host
+        return f"https://{'127.0.0.1' if host == '0.0.0.0' else host}:{self._port}"
+
+    async def _mutate(self, request: web.Request) -> web.Response:
+        try:
+            answer = review(await request.read(), self._config, self._settings.scheduler_name)
+        except BadReview as exc:
+            REVIEWS.labels(outcome="bad_request").inc()
+            return web.json_response({"error": str(exc)}, status=400)
+        return web.json_response(answer)
+
+    async def start(self) -> None:
+        settings = self._settings
+        if not settings.tls_cert_file or not settings.tls_key_file:
+            raise RuntimeError("the admission webhook needs tls_cert_file and tls_key_file")
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
+        app = web.Application()
+        app.router.add_post("/mutate", self._mutate)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(
+            self._runner, settings.webhook_host, settings.webhook_port, ssl_context=context
+        ).start()
+        self._port = int(self._runner.addresses[0][1])
+        log.info("admission webhook serving", extra={"url": self.url})
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()

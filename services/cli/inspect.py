@@ -1,0 +1,207 @@
+"""`vgpu inspect` (also `kubectl vgpu inspect`): what every GPU holds, from the metrics API.
+
+For users of `kubectl inspect gpushare`: one row per node and GPU with allocated/total memory
+and compute and the pods on it, cluster totals, and the pods still waiting with their
+reasons; `-d` adds one line per slice (asked, limit, used), `-o json` prints the picture as
+the metrics service serves it. The URL comes from --metrics-url (or VGPU_METRICS_URL), else
+from the state file a running `vgpu up` wrote.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import click
+import msgspec
+
+from services.cli.state import StateError, default_state_file, read_state
+from services.metrics.views import ClusterView, GpuView, NodeView, PendingView
+
+PICTURE_PATH = "/api/v1/picture"
+URL_HELP = "The metrics service, e.g. http://127.0.0.1:9400 (default: the one `vgpu up` runs)."
+
+
+class InspectError(click.ClickException):
+    pass
+
+
+def resolve_metrics_url(explicit: str | None, state_file: Path | None) -> str:
+    if explicit:
+        return explicit.rstrip("/")
+    try:
+        return read_state(state_file or default_state_file()).metrics_url.rstrip("/")
+    except StateError as exc:
+        raise InspectError(f"{exc} (or pass --metrics-url / set VGPU_METRICS_URL)") from exc
+
+
+def fetch_picture(url: str, timeout_s: float) -> ClusterView:
+    target = url + PICTURE_PATH
+    try:
+        with urllib.request.urlopen(target, timeout=timeout_s) as response:
+            body = response.read()
+    except urllib.error.HTTPError as exc:
+        raise InspectError(f"the metrics service at {url} answered {exc.code} for "
+                           f"{PICTURE_PATH}") from exc  # fmt: skip
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise InspectError(f"cannot reach the metrics service at {url}: {reason}") from exc
+    try:
+        return msgspec.json.decode(body, type=ClusterView)
+    except msgspec.DecodeError as exc:
+        raise InspectError(f"{target} did not return a vgpu picture: {exc}") from exc
+
+
+def only_nodes(view: ClusterView, names: tuple[str, ...]) -> ClusterView:
+    if not names:
+        return view
+    unknown = sorted(set(names) - {node.name for node in view.nodes})
+    if unknown:
+        raise InspectError(f"no such node in the picture: {', '.join(unknown)}")
+    nodes = [node for node in view.nodes if node.name in names]
+    pods = [pod for pod in view.pods if pod.node in names]
+    return msgspec.structs.replace(view, nodes=nodes, pods=pods)
+
+
+# -- rendering ------------------------------------------------------------------------------
+
+
+def _percent(part: int, whole: int) -> str:
+    return f"{round(100 * part / whole)}%" if whole else "-"
+
+
+def _known(value: float | None, suffix: str = "") -> str:
+    return "?" if value is None else f"{round(value)}{suffix}"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in [headers, *rows]) for i in range(len(headers))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+            for row in [headers, *rows]]  # fmt: skip
+
+
+def _state(node: NodeView) -> str:
+    return "up" if node.state == "up" else f"silent {round(node.silent_s)}s"
+
+
+def _pods_on(gpu: GpuView) -> str:
+    names = list(dict.fromkeys(f"{s.namespace}/{s.pod}" for s in gpu.slices))
+    return ",".join(names) if names else "-"
+
+
+def _slice_lines(gpu: GpuView) -> list[list[str]]:
+    rows = []
+    for piece in gpu.slices:
+        used = _known(piece.memory_used_mib)
+        sm = _known(piece.sm_util_percent, "%")
+        cores = f"{piece.cores}%" if piece.cores else "none"
+        rows.append(["", "", "", f"  {piece.namespace}/{piece.pod}/{piece.container}",
+                     f"{piece.memory_mib} asked, {piece.memory_limit_mib} limit",
+                     f"{cores} asked", used, sm, ""])  # fmt: skip
+    return rows
+
+
+def render_nodes(view: ClusterView, details: bool) -> list[str]:
+    headers = ["NODE", "STATE", "GPU", "MODEL", "MEMORY MiB (ALLOC/TOTAL)",
+               "COMPUTE (ALLOC/TOTAL)", "USED MiB", "SM", "PODS"]  # fmt: skip
+    rows: list[list[str]] = []
+    for node in view.nodes:
+        if not node.gpus:
+            rows.append([node.name, _state(node), "-", "-", "-", "-", "-", "-", "-"])
+        for position, gpu in enumerate(node.gpus):
+            unhealthy = "" if gpu.healthy else " (unhealthy)"
+            rows.append([
+                node.name if position == 0 else "",
+                _state(node) if position == 0 else "",
+                str(gpu.index), gpu.model + unhealthy,
+                f"{gpu.memory_allocated_mib}/{gpu.memory_mib} "
+                f"({_percent(gpu.memory_allocated_mib, gpu.memory_mib)})",
+                f"{gpu.cores_allocated}/100%",
+                _known(gpu.memory_used_mib), _known(gpu.sm_util_percent, "%"), _pods_on(gpu),
+            ])  # fmt: skip
+            if details:
+                rows.extend(_slice_lines(gpu))
+    if not rows:
+        return ["No node has reported yet."]
+    return _table(headers, rows)
+
+
+def render_totals(view: ClusterView) -> list[str]:
+    t = view.totals
+    return [
+        f"Allocated/Total GPU memory in cluster: {t.memory_allocated_mib}/{t.memory_mib} MiB "
+        f"({_percent(t.memory_allocated_mib, t.memory_mib)})",
+        f"Allocated/Total compute in cluster:    {t.cores_allocated}/{t.cores}% "
+        f"({_percent(t.cores_allocated, t.cores)})",
+        f"Nodes up: {t.nodes_up}/{t.nodes}  GPUs: {t.gpus} ({t.gpus_healthy} healthy)  "
+        f"Slices: {t.slices}  Pods: {t.pods}  "
+        f"Stranded memory: {t.stranded_memory_mib} MiB of {t.free_memory_mib} MiB free",
+    ]
+
+
+def _asks(pending: PendingView) -> str:
+    parts = []
+    for request in pending.requests:
+        if request.gpus < 1:
+            continue
+        memory = (f"{request.memory_mib} MiB" if request.memory_mib
+                  else f"{request.memory_percent}% memory" if request.memory_percent
+                  else "whole GPU")  # fmt: skip
+        cores = f", {request.cores}%" if request.cores else ""
+        parts.append(f"{request.container}: {request.gpus}x {memory}{cores}")
+    return "; ".join(parts) or "-"
+
+
+def render_pending(view: ClusterView, details: bool) -> list[str]:
+    if not view.pending:
+        return ["No pod is waiting for GPUs."]
+    rows = [[f"{p.namespace}/{p.name}", f"{round(p.waiting_s)}s", _asks(p), p.summary]
+            for p in view.pending]  # fmt: skip
+    lines = [f"Pending pods ({len(view.pending)}):"]
+    lines += _table(["POD", "WAITING", "ASKS", "REASON"], rows)
+    if details:
+        for pending in view.pending:
+            lines.append(f"{pending.namespace}/{pending.name}:")
+            for reason in pending.reasons:
+                count = max(reason.node_count, len(reason.nodes))
+                nodes = f": {', '.join(reason.nodes)}" if reason.nodes else ""
+                lines.append(f"  {reason.message} ({count} node(s){nodes})")
+    return lines
+
+
+def render(view: ClusterView, details: bool = False) -> str:
+    lines = render_nodes(view, details)
+    lines += ["-" * 72, *render_totals(view), "", *render_pending(view, details)]
+    return "\n".join(lines)
+
+
+# -- the command ----------------------------------------------------------------------------
+
+
+@click.command("inspect")
+@click.option("-d", "--details", is_flag=True,
+              help="One line per slice (asked, limit, used) and every pending reason.")  # fmt: skip
+@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table",
+              show_default=True)  # fmt: skip
+@click.option("--node", "nodes", multiple=True, help="Only this node (repeatable).")
+@click.option("--metrics-url", envvar="VGPU_METRICS_URL", default=None, help=URL_HELP)
+@click.option("--state-file", type=click.Path(path_type=Path), default=None)
+@click.option("--timeout", default=5.0, show_default=True, help="Seconds to wait for an answer.")
+def inspect_command(details: bool, output: str, nodes: tuple[str, ...], metrics_url: str | None,
+                    state_file: Path | None, timeout: float) -> None:  # fmt: skip
+    """Show what every GPU holds: allocated and used memory and compute, pods, pending pods."""
+    url = resolve_metrics_url(metrics_url, state_file)
+    view = only_nodes(fetch_picture(url, timeout), nodes)
+    if output == "json":
+        click.echo(msgspec.json.format(msgspec.json.encode(view), indent=2).decode())
+    else:
+        click.echo(render(view, details))
+
+
+@click.group("kubectl-vgpu")
+def kubectl_main() -> None:
+    """vgpu as a kubectl plugin: `kubectl vgpu inspect`."""
+
+
+kubectl_main.add_command(inspect_command)

@@ -1,0 +1,141 @@
+"""The metrics service's HTTP edge: Prometheus, the JSON API, the live stream and the page.
+
+Thin on purpose: every answer is a view from `views.py` encoded as JSON.
+
+    GET /metrics                        Prometheus exposition
+    GET /healthz                        {"ok", "nats_connected", "nodes", "pods"}
+    GET /api/v1/picture                 ClusterView
+    GET /api/v1/pods/{namespace}/{name} PodView (404 naming the pod if unknown)
+    GET /api/v1/pending                 [PendingView]
+    GET /api/v1/events                  text/event-stream: `snapshot` then `change` batches
+    GET /                               the dashboard (static files under /static/)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from pathlib import Path
+
+import msgspec
+from aiohttp import web
+from opentelemetry.trace import SpanKind
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from services.common.tracing import context_from_headers, tracer
+from services.metrics.stream import ChangeStream, frame
+from services.metrics.views import ClusterView, find_pod
+
+STATIC = Path(str(resources.files("services.metrics") / "static"))
+KEEPALIVE_S = 15.0
+_tracer = tracer("vgpu.metrics")
+_encoder = msgspec.json.Encoder()
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json(value: object, status: int = 200) -> web.Response:
+    return web.Response(body=_encoder.encode(value), status=status,
+                        content_type="application/json")  # fmt: skip
+
+
+@web.middleware
+async def _traced(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if not request.path.startswith("/api/"):
+        return await handler(request)
+    parent = context_from_headers(request.headers)
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else request.path
+    with _tracer.start_as_current_span(f"metrics {request.method} {route}", context=parent,
+                                       kind=SpanKind.SERVER):  # fmt: skip
+        return await handler(request)
+
+
+class MetricsHttp:
+    def __init__(
+        self,
+        view: Callable[[], ClusterView],
+        stream: ChangeStream,
+        registry: CollectorRegistry,
+        nats_connected: Callable[[], bool],
+    ) -> None:
+        self._view = view
+        self._stream = stream
+        self._registry = registry
+        self._nats_connected = nats_connected
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[_traced])
+        app.add_routes(
+            [
+                web.get("/metrics", self._metrics),
+                web.get("/healthz", self._healthz),
+                web.get("/api/v1/picture", self._picture),
+                web.get("/api/v1/pods/{namespace}/{name}", self._pod),
+                web.get("/api/v1/pending", self._pending),
+                web.get("/api/v1/events", self._events),
+                web.get("/", self._index),
+                web.static("/static", STATIC, append_version=False),
+            ]
+        )
+        return app
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        # Our picture plus the process-wide counters (bus errors, rejected events).
+        body = generate_latest(self._registry) + generate_latest(REGISTRY)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        view = self._view()
+        connected = self._nats_connected()
+        return _json({"ok": connected, "nats_connected": connected,
+                      "nodes": view.totals.nodes, "pods": view.totals.pods},
+                     status=200 if connected else 503)  # fmt: skip
+
+    async def _picture(self, request: web.Request) -> web.Response:
+        return _json(self._view())
+
+    async def _pod(self, request: web.Request) -> web.Response:
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        pod = find_pod(self._view(), namespace, name)
+        if pod is None:
+            return _json({"error": f"no GPU pod {namespace}/{name} is known"}, status=404)
+        return _json(pod)
+
+    async def _pending(self, request: web.Request) -> web.Response:
+        return _json(self._view().pending)
+
+    async def _index(self, request: web.Request) -> web.FileResponse:
+        return web.FileResponse(STATIC / "index.html",
+                                headers={"Cache-Control": "no-cache"})  # fmt: skip
+
+    async def _events(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={
+            "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+        })  # fmt: skip
+        await response.prepare(request)
+        # Subscribe before the snapshot: a change in between arrives twice, never not at all.
+        client = self._stream.subscribe()
+        try:
+            await response.write(b"retry: 2000\n\n")
+            await response.write(frame("snapshot", _encoder.encode(self._view())))
+            while True:
+                try:
+                    item = await asyncio.wait_for(client.queue.get(), KEEPALIVE_S)
+                except TimeoutError:
+                    await response.write(b": keepalive\n\n")
+                    continue
+                if item is None:
+                    break
+                await response.write(item)
+        except (ConnectionResetError, ConnectionError):
+            pass  # the browser went away
+        finally:
+            self._stream.unsubscribe(client)
+        with contextlib.suppress(ConnectionError):
+            await response.write_eof()
+        return response

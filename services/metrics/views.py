@@ -1,0 +1,347 @@
+"""What the picture looks like to people and tools: the JSON API's shapes, built in one place.
+
+The dashboard, `vgpu inspect`, the live stream and the Prometheus exporter all read these
+views, so every one of them shows the same numbers. Sizes are MiB and compute shares percent
+of a GPU's SMs, as on the wire. A figure that is not known (no fresh report) is null, never 0:
+a silent node is shown as silent, not as idle.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+import msgspec
+
+from services.common.schemas import ContainerRequest, GpuDevice, PendingReason, PodAllocation
+from services.metrics.picture import ClusterPicture
+from services.metrics.stranded import FreeGpu, shapes_of, stranded_memory
+
+NodeStateName = Literal["up", "silent"]
+
+
+class SliceView(msgspec.Struct, kw_only=True):
+    """One container's slice of one GPU."""
+
+    namespace: str
+    pod: str
+    pod_uid: str
+    container: str
+    init: bool
+    claimed: bool
+    memory_mib: int  # asked: the allocator's decision
+    cores: int  # asked, percent
+    memory_limit_mib: int  # enforced by the hook (its report; else the decision)
+    cores_limit: int  # likewise; 0 = no compute limit
+    memory_used_mib: int | None  # null: no fresh report from the container's hook
+    sm_util_percent: float | None
+
+
+class GpuView(msgspec.Struct, kw_only=True):
+    uuid: str
+    index: int
+    model: str
+    healthy: bool
+    memory_mib: int
+    memory_allocated_mib: int
+    memory_used_mib: int | None  # NVML, whole GPU; null while the node is silent
+    cores_allocated: int
+    sm_util_percent: float | None
+    stranded_memory_mib: int
+    slices: list[SliceView]
+
+
+class NodeView(msgspec.Struct, kw_only=True):
+    name: str
+    state: NodeStateName
+    silent_s: float  # since the last inventory
+    agent_version: str
+    gpus: list[GpuView]
+
+
+class ContainerDeviceView(msgspec.Struct, kw_only=True):
+    uuid: str
+    index: int
+    memory_mib: int
+    cores: int
+    memory_limit_mib: int
+    cores_limit: int
+    memory_used_mib: int | None
+    sm_util_percent: float | None
+
+
+class ContainerView(msgspec.Struct, kw_only=True):
+    name: str
+    init: bool
+    claimed: bool
+    reporting: bool  # a fresh report from its hook exists
+    processes: int | None
+    launches: int | None
+    throttled_ms: int | None
+    devices: list[ContainerDeviceView]
+
+
+class PodView(msgspec.Struct, kw_only=True):
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    node_state: NodeStateName
+    bound_at: float
+    memory_mib: int
+    cores: int
+    containers: list[ContainerView]
+
+
+class PendingView(msgspec.Struct, kw_only=True):
+    namespace: str
+    name: str
+    uid: str
+    waiting_s: float
+    unresolvable: bool
+    summary: str
+    requests: list[ContainerRequest]
+    reasons: list[PendingReason]
+
+
+class Totals(msgspec.Struct, kw_only=True):
+    nodes: int = 0
+    nodes_up: int = 0
+    gpus: int = 0
+    gpus_healthy: int = 0
+    memory_mib: int = 0
+    memory_allocated_mib: int = 0
+    memory_used_mib: int = 0  # over GPUs with a fresh report
+    cores: int = 0  # 100 per GPU
+    cores_allocated: int = 0
+    slices: int = 0
+    pods: int = 0
+    pending_pods: int = 0
+    free_memory_mib: int = 0  # on healthy GPUs of nodes that are up
+    stranded_memory_mib: int = 0
+
+
+class ClusterView(msgspec.Struct, kw_only=True):
+    generated_at: float
+    stale_after_s: float
+    totals: Totals
+    nodes: list[NodeView]
+    pods: list[PodView]
+    pending: list[PendingView]
+
+
+class ChangeView(msgspec.Struct, kw_only=True):
+    """One batch of the live stream: what changed since the previous batch."""
+
+    seq: int
+    generated_at: float
+    totals: Totals
+    nodes: list[NodeView] = []
+    removed_nodes: list[str] = []
+    pods: list[PodView] = []
+    removed_pods: list[str] = []
+    pending: list[PendingView] | None = None  # the whole list, when it changed
+
+
+def pending_summary(reasons: list[PendingReason], unresolvable: bool) -> str:
+    if not reasons:
+        return "can never fit in this cluster" if unresolvable else "waiting for GPUs"
+    ranked = sorted(reasons, key=lambda r: -max(r.node_count, len(r.nodes)))
+    first = ranked[0]
+    count = max(first.node_count, len(first.nodes))
+    more = f" (+{len(ranked) - 1} other reasons)" if len(ranked) > 1 else ""
+    where = f"{count} node{'s' if count != 1 else ''}: " if count else ""
+    return f"{where}{first.message}{more}"
+
+
+def _state(picture: ClusterPicture, node: str, now: float) -> NodeStateName:
+    return "up" if picture.is_up(node, now) else "silent"
+
+
+class _Builder:
+    """Builds views of one instant; the pieces shared by several views are computed once."""
+
+    def __init__(self, picture: ClusterPicture, now: float | None = None) -> None:
+        self.picture = picture
+        self.now = picture.clock() if now is None else now
+        self.slices: dict[str, list[SliceView]] = {}  # by GPU uuid, in bind order
+        for pod in picture.pods.values():
+            for container in pod.containers.values():
+                devices = self._container_devices(pod, container.container)
+                for piece in container.slices:
+                    device = devices.get(piece.uuid)
+                    self.slices.setdefault(piece.uuid, []).append(
+                        SliceView(
+                            namespace=pod.namespace, pod=pod.name, pod_uid=pod.uid,
+                            container=container.container, init=container.init,
+                            claimed=container.claimed, memory_mib=piece.memory_mib,
+                            cores=piece.cores,
+                            memory_limit_mib=(device.memory_limit_mib if device
+                                              else piece.memory_mib),
+                            cores_limit=device.cores_limit if device else piece.cores,
+                            memory_used_mib=device.memory_used_mib if device else None,
+                            sm_util_percent=device.sm_util_percent if device else None,
+                        )
+                    )  # fmt: skip
+        self.stranded = self._stranded()
+
+    def _container_devices(
+        self, pod: PodAllocation, container: str
+    ) -> dict[str, ContainerDeviceView]:
+        usage = self.picture.container_usage(pod.node, pod.namespace, pod.name, container,
+                                             self.now)  # fmt: skip
+        if usage is None:
+            return {}
+        return {
+            d.uuid: ContainerDeviceView(
+                uuid=d.uuid, index=d.index, memory_mib=0, cores=0,
+                memory_limit_mib=d.memory_limit_mib, cores_limit=d.cores_limit,
+                memory_used_mib=d.memory_used_mib,
+                sm_util_percent=d.sm_util_percent if d.sm_util_percent >= 0 else None,
+            )
+            for d in usage.devices
+        }  # fmt: skip
+
+    def _allocated(self, uuid: str) -> tuple[int, int]:
+        pieces = self.slices.get(uuid, [])
+        return sum(s.memory_mib for s in pieces), sum(s.cores for s in pieces)
+
+    def _stranded(self) -> dict[str, int]:
+        free: list[FreeGpu] = []
+        for name, state in self.picture.nodes.items():
+            if not self.picture.is_up(name, self.now):
+                continue
+            for gpu in state.inventory.gpus:
+                if gpu.healthy:
+                    memory, cores = self._allocated(gpu.uuid)
+                    free_memory = max(0, gpu.memory_mib - memory)
+                    free.append(FreeGpu(name, gpu.uuid, gpu.memory_mib, free_memory,
+                                        max(0, 100 - cores)))  # fmt: skip
+        self.free_memory_mib = sum(g.free_memory_mib for g in free)
+        shapes = shapes_of(
+            request
+            for pending in self.picture.pending.values()
+            if not pending.pod.unresolvable
+            for request in pending.pod.requests
+        )
+        return stranded_memory(free, shapes)
+
+    def gpu(self, node: str, gpu: GpuDevice) -> GpuView:
+        usage = self.picture.fresh_usage(node, self.now).get(gpu.uuid)
+        memory, cores = self._allocated(gpu.uuid)
+        return GpuView(
+            uuid=gpu.uuid, index=gpu.index, model=gpu.model, healthy=gpu.healthy,
+            memory_mib=gpu.memory_mib, memory_allocated_mib=memory,
+            memory_used_mib=usage.memory_used_mib if usage else None,
+            cores_allocated=cores, sm_util_percent=usage.sm_util_percent if usage else None,
+            stranded_memory_mib=self.stranded.get(gpu.uuid, 0),
+            slices=self.slices.get(gpu.uuid, []),
+        )  # fmt: skip
+
+    def node(self, name: str) -> NodeView | None:
+        state = self.picture.nodes.get(name)
+        if state is None:
+            return None
+        gpus = sorted(state.inventory.gpus, key=lambda g: g.index)
+        return NodeView(
+            name=name, state=_state(self.picture, name, self.now),
+            silent_s=round(self.picture.silent_s(name, self.now), 1),
+            agent_version=state.inventory.agent_version,
+            gpus=[self.gpu(name, gpu) for gpu in gpus],
+        )  # fmt: skip
+
+    def pod(self, uid: str) -> PodView | None:
+        pod = self.picture.pods.get(uid)
+        if pod is None:
+            return None
+        containers = []
+        for container in pod.containers.values():
+            usage = self.picture.container_usage(pod.node, pod.namespace, pod.name,
+                                                 container.container, self.now)  # fmt: skip
+            reported = self._container_devices(pod, container.container)
+            devices = []
+            for piece in container.slices:
+                seen = reported.get(piece.uuid)
+                devices.append(ContainerDeviceView(
+                    uuid=piece.uuid, index=piece.index, memory_mib=piece.memory_mib,
+                    cores=piece.cores,
+                    memory_limit_mib=seen.memory_limit_mib if seen else piece.memory_mib,
+                    cores_limit=seen.cores_limit if seen else piece.cores,
+                    memory_used_mib=seen.memory_used_mib if seen else None,
+                    sm_util_percent=seen.sm_util_percent if seen else None,
+                ))  # fmt: skip
+            containers.append(ContainerView(
+                name=container.container, init=container.init, claimed=container.claimed,
+                reporting=usage is not None,
+                processes=usage.processes if usage else None,
+                launches=usage.launches if usage else None,
+                throttled_ms=usage.throttled_ms if usage else None,
+                devices=devices,
+            ))  # fmt: skip
+        return PodView(
+            namespace=pod.namespace, name=pod.name, uid=pod.uid, node=pod.node,
+            node_state=_state(self.picture, pod.node, self.now), bound_at=pod.bound_at,
+            memory_mib=sum(d.memory_mib for c in containers for d in c.devices),
+            cores=sum(d.cores for c in containers for d in c.devices),
+            containers=containers,
+        )  # fmt: skip
+
+    def pending(self) -> list[PendingView]:
+        views = [
+            PendingView(
+                namespace=p.pod.namespace, name=p.pod.name, uid=p.pod.uid,
+                waiting_s=round(self.now - p.first_seen, 1), unresolvable=p.pod.unresolvable,
+                summary=pending_summary(p.pod.reasons, p.pod.unresolvable),
+                requests=p.pod.requests, reasons=p.pod.reasons,
+            )
+            for p in self.picture.pending.values()
+        ]  # fmt: skip
+        return sorted(views, key=lambda v: -v.waiting_s)
+
+    def totals(self, nodes: list[NodeView]) -> Totals:
+        totals = Totals(nodes=len(nodes), pods=len(self.picture.pods),
+                        pending_pods=len(self.picture.pending),
+                        free_memory_mib=self.free_memory_mib,
+                        stranded_memory_mib=sum(self.stranded.values()))  # fmt: skip
+        for node in nodes:
+            totals.nodes_up += node.state == "up"
+            for gpu in node.gpus:
+                totals.gpus += 1
+                totals.gpus_healthy += gpu.healthy
+                totals.memory_mib += gpu.memory_mib
+                totals.memory_allocated_mib += gpu.memory_allocated_mib
+                totals.memory_used_mib += gpu.memory_used_mib or 0
+                totals.cores += 100
+                totals.cores_allocated += gpu.cores_allocated
+                totals.slices += len(gpu.slices)
+        return totals
+
+
+def cluster_view(picture: ClusterPicture, now: float | None = None) -> ClusterView:
+    build = _Builder(picture, now)
+    nodes = [view for name in sorted(picture.nodes) if (view := build.node(name))]
+    pods = [view for uid in picture.pods if (view := build.pod(uid))]
+    pods.sort(key=lambda p: (p.namespace, p.name))
+    return ClusterView(
+        generated_at=time.time(), stale_after_s=picture.stale_after_s,
+        totals=build.totals(nodes), nodes=nodes, pods=pods, pending=build.pending(),
+    )  # fmt: skip
+
+
+def change_view(picture: ClusterPicture, seq: int, nodes: set[str], pods: set[str],
+                pending: bool, now: float | None = None) -> ChangeView:  # fmt: skip
+    """The changed nodes and pods as whole views (small: a node holds a few GPUs)."""
+    build = _Builder(picture, now)
+    all_nodes = [view for name in sorted(picture.nodes) if (view := build.node(name))]
+    changed_nodes = [view for view in all_nodes if view.name in nodes]
+    changed_pods = [view for uid in sorted(pods) if (view := build.pod(uid))]
+    return ChangeView(
+        seq=seq, generated_at=time.time(), totals=build.totals(all_nodes),
+        nodes=changed_nodes, removed_nodes=sorted(n for n in nodes if n not in picture.nodes),
+        pods=changed_pods, removed_pods=sorted(u for u in pods if u not in picture.pods),
+        pending=build.pending() if pending else None,
+    )  # fmt: skip
+
+
+def find_pod(view: ClusterView, namespace: str, name: str) -> PodView | None:
+    return next((p for p in view.pods if p.namespace == namespace and p.name == name), None)

@@ -1,0 +1,382 @@
+"""The relay: one unix socket per container directory, hook reports in, utilisation out.
+
+The agent listens on `<container dir>/relay.sock` once it knows whose directory it is, so
+whatever arrives there speaks for that container and nobody else: names sent by the hook are
+never trusted, and device indexes are checked against the container's own limits. A bad line
+(oversized, malformed, out of order) closes that one connection and is counted; nothing a
+hook sends can stop the agent. What the hooks report is republished as ContainerUsage, at
+most once per `publish_interval_s` per container, with the SM share NVML measured for the
+container's processes; containers without a hook connection are published from NVML alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client import Counter, Gauge
+
+from services.common import subjects
+from services.common.bus import Bus
+from services.common.schemas import ContainerDeviceUsage, ContainerUsage, GpuUsage
+from services.nodeagent.containers import ResolvedContainer
+from services.nodeagent.process_map import ContainerFigures, DeviceFigures, ProcessAttributor
+from services.nodeagent.relay_protocol import (
+    MAX_LINE_BYTES,
+    Exit,
+    Hello,
+    HookMessage,
+    RelayProtocolError,
+    Usage,
+    UtilDevice,
+    decode_line,
+    encode_util,
+)
+
+log = logging.getLogger("vgpu.nodeagent")
+
+SOCKET_NAME = "relay.sock"
+MAX_CONNECTIONS_PER_CONTAINER = 256  # one per CUDA process; more is a runaway container
+MAX_PENDING_UTIL_BYTES = 16 * 1024  # a hook that does not read gets no more util lines
+
+RELAY_REJECTED = Counter(
+    "vgpu_nodeagent_relay_rejected_total",
+    "Relay connections closed for a bad message",
+    ["node", "reason"],
+)
+RELAY_MESSAGES = Counter(
+    "vgpu_nodeagent_relay_messages_total", "Relay messages accepted", ["node", "type"]
+)
+RELAY_CONNECTIONS = Gauge("vgpu_nodeagent_relay_connections", "Open relay connections", ["node"])
+
+
+def peer_pid(writer: asyncio.StreamWriter) -> int | None:
+    """The connecting process's PID in the agent's PID namespace (the host's, in a DaemonSet
+    with hostPID), from SO_PEERCRED."""
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return None
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    pid, _, _ = struct.unpack("3i", raw)
+    return pid or None
+
+
+@dataclass(eq=False)
+class _Connection:
+    writer: asyncio.StreamWriter
+    peer_pid: int | None
+    hello: Hello | None = None
+    last: Usage | None = None
+    exited: bool = False
+
+
+@dataclass(eq=False)
+class _Listener:
+    container: ResolvedContainer
+    server: asyncio.Server
+    path: Path
+    connections: set[_Connection] = field(default_factory=set)
+    used_mib: dict[int, int] = field(default_factory=dict)  # container ordinal -> latest total
+    nvml: dict[str, DeviceFigures] = field(default_factory=dict)
+    dirty: bool = True
+
+    def reporting(self) -> list[_Connection]:
+        return [c for c in self.connections if c.hello is not None and not c.exited]
+
+
+class RelayHub:
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        bus: Bus,
+        host_index: dict[str, int] | None = None,
+        attributor: ProcessAttributor | None = None,
+        publish_interval_s: float = 1.0,
+        util_interval_s: float = 0.5,
+    ) -> None:
+        self._node = node_name
+        self._bus = bus
+        self._host_index = host_index or {}
+        self._attributor = attributor
+        self._publish_s = publish_interval_s
+        self._util_s = util_interval_s
+        self._listeners: dict[str, _Listener] = {}
+        self._gpu_usage: dict[str, GpuUsage] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._handlers: set[asyncio.Task[None]] = set()
+
+    def set_host_index(self, host_index: dict[str, int]) -> None:
+        self._host_index = dict(host_index)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._every(self._publish_s, self.flush), name="relay-flush"),
+            asyncio.create_task(self._every(self._util_s, self.send_util), name="relay-util"),
+        ]
+
+    async def _every(self, interval_s: float, action: Callable[[], Awaitable[object]]) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await action()
+            except Exception:
+                log.exception("relay task failed", extra={"node": self._node})
+
+    async def stop(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for key in list(self._listeners):
+            await self.close(key)
+
+    # -- per-container sockets --------------------------------------------------------------
+
+    @property
+    def containers(self) -> list[ResolvedContainer]:
+        return [listener.container for listener in self._listeners.values()]
+
+    def container(self, key: str) -> ResolvedContainer | None:
+        listener = self._listeners.get(key)
+        return None if listener is None else listener.container
+
+    async def open(self, container: ResolvedContainer) -> Path:
+        """Listen on the container's relay socket (again: the owner may have changed)."""
+        existing = self._listeners.get(container.key)
+        if existing is not None:
+            if existing.container == container:
+                return existing.path
+            await self.close(container.key)
+        path = container.host_dir / SOCKET_NAME
+        path.unlink(missing_ok=True)
+        holder: list[_Listener] = []
+
+        async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            task = asyncio.current_task()
+            if task is not None:
+                self._handlers.add(task)
+            try:
+                await self._serve_connection(holder[0], reader, writer)
+            finally:
+                if task is not None:
+                    self._handlers.discard(task)
+
+        server = await asyncio.start_unix_server(on_connect, path=str(path), limit=MAX_LINE_BYTES)
+        path.chmod(0o666)  # the container's processes may run as any user
+        listener = _Listener(container=container, server=server, path=path)
+        holder.append(listener)
+        self._listeners[container.key] = listener
+        return path
+
+    async def close(self, key: str) -> None:
+        listener = self._listeners.pop(key, None)
+        if listener is None:
+            return
+        listener.server.close()
+        for connection in list(listener.connections):
+            connection.writer.close()
+        handlers = list(self._handlers)
+        if handlers:
+            await asyncio.wait(handlers, timeout=1.0)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(listener.server.wait_closed(), 1.0)
+        listener.path.unlink(missing_ok=True)
+        if self._attributor is not None:
+            self._attributor.forget(key)
+
+    # -- one connection -----------------------------------------------------------------------
+
+    async def _serve_connection(
+        self, listener: _Listener, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        container = listener.container
+        if len(listener.connections) >= MAX_CONNECTIONS_PER_CONTAINER:
+            self._reject(container, "too_many_connections", "connection limit reached")
+            writer.close()
+            return
+        connection = _Connection(writer, peer_pid(writer))
+        listener.connections.add(connection)
+        RELAY_CONNECTIONS.labels(node=self._node).inc()
+        try:
+            while True:
+                try:
+                    line = await reader.readuntil(b"\n")
+                except asyncio.IncompleteReadError:
+                    break  # the hook went away (a half line at exit is not an offence)
+                except asyncio.LimitOverrunError:
+                    self._reject(container, "oversized", f"line over {MAX_LINE_BYTES} bytes")
+                    break
+                except ConnectionError:
+                    break
+                try:
+                    message = self._check(container, connection, line)
+                except RelayProtocolError as exc:
+                    self._reject(container, exc.reason, str(exc))
+                    break
+                self._accept(listener, connection, message)
+        finally:
+            listener.connections.discard(connection)
+            listener.dirty = True
+            RELAY_CONNECTIONS.labels(node=self._node).dec()
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    def _check(
+        self, container: ResolvedContainer, connection: _Connection, line: bytes
+    ) -> HookMessage:
+        message = decode_line(line)
+        if connection.hello is None and not isinstance(message, Hello):
+            raise RelayProtocolError("malformed", f"first message must be hello, got {message}")
+        if connection.hello is not None and isinstance(message, Hello):
+            raise RelayProtocolError("malformed", "a second hello on one connection")
+        count = len(container.limits.devices)
+        indexes = [d.index for d in getattr(message, "devices", [])]
+        bad = [i for i in indexes if i >= count]
+        if bad:
+            raise RelayProtocolError(
+                "malformed", f"device index {bad[0]} is out of range: the container has {count}"
+            )
+        return message
+
+    def _accept(self, listener: _Listener, connection: _Connection, message: HookMessage) -> None:
+        RELAY_MESSAGES.labels(node=self._node, type=type(message).__name__.lower()).inc()
+        listener.dirty = True
+        if isinstance(message, Hello):
+            connection.hello = message
+            if connection.peer_pid is not None and self._attributor is not None:
+                self._attributor.learn(connection.peer_pid, listener.container.key)
+            log.info(
+                "hook connected",
+                extra={
+                    "node": self._node,
+                    "container": listener.container.name,
+                    "pid": message.pid,
+                    "host_pid": connection.peer_pid,
+                    "comm": message.comm,
+                },
+            )
+        elif isinstance(message, Usage):
+            connection.last = message
+            for device in message.devices:
+                listener.used_mib[device.index] = device.used_mib
+        elif isinstance(message, Exit):
+            connection.exited = True
+
+    def _reject(self, container: ResolvedContainer, reason: str, message: str) -> None:
+        RELAY_REJECTED.labels(node=self._node, reason=reason).inc()
+        log.warning(
+            "relay connection closed: " + message,
+            extra={"node": self._node, "container": container.name, "reason": reason},
+        )
+
+    # -- NVML figures in, ContainerUsage and util out ----------------------------------------
+
+    def peers(self) -> dict[int, str]:
+        """Host PID -> directory key, for every live relay peer."""
+        return {
+            c.peer_pid: key
+            for key, listener in self._listeners.items()
+            for c in listener.reporting()
+            if c.peer_pid is not None
+        }
+
+    def observe(self, gpu_usage: list[GpuUsage], figures: ContainerFigures) -> None:
+        """The latest NVML sample: whole-GPU usage and per-container process figures."""
+        self._gpu_usage = {usage.uuid: usage for usage in gpu_usage}
+        for key, listener in self._listeners.items():
+            mine = figures.get(key, {})
+            if mine != listener.nvml:
+                listener.dirty = True
+            listener.nvml = mine
+
+    def usage_of(self, key: str) -> ContainerUsage | None:
+        listener = self._listeners.get(key)
+        return None if listener is None else self._usage(listener)
+
+    def _usage(self, listener: _Listener) -> ContainerUsage:
+        container = listener.container
+        reporting = listener.reporting()
+        devices = []
+        for ordinal, limit in enumerate(container.limits.devices):
+            measured = listener.nvml.get(limit.uuid)
+            if reporting:
+                used = listener.used_mib.get(ordinal, 0)
+            else:
+                used = measured.memory_used_mib if measured else 0
+            devices.append(
+                ContainerDeviceUsage(
+                    uuid=limit.uuid,
+                    index=self._host_index.get(limit.uuid, -1),
+                    memory_used_mib=used,
+                    memory_limit_mib=limit.memory_limit_mib,
+                    cores_limit=limit.cores,
+                    sm_util_percent=measured.sm_util_percent if measured else -1.0,
+                )
+            )
+        lasts = [c.last for c in reporting if c.last is not None]
+        nvml_pids = max((f.pids for f in listener.nvml.values()), default=0)
+        return ContainerUsage(
+            node=self._node,
+            namespace=container.limits.namespace,
+            pod=container.limits.pod,
+            container=container.limits.container,
+            devices=devices,
+            processes=len(reporting) if reporting else nvml_pids,
+            launches=sum(last.launches for last in lasts),
+            throttled_ms=sum(last.throttled_ms for last in lasts),
+        )
+
+    async def flush(self) -> int:
+        """Publish every container that changed since the last flush; how many were sent."""
+        sent = 0
+        for listener in list(self._listeners.values()):
+            if not listener.dirty:
+                continue
+            if not listener.connections and not listener.nvml and not listener.used_mib:
+                listener.dirty = False
+                continue  # nothing ever ran in it: nothing to say
+            listener.dirty = False
+            await self._bus.publish(subjects.container_usage(self._node), self._usage(listener))
+            sent += 1
+        return sent
+
+    async def send_util(self) -> None:
+        for listener in self._listeners.values():
+            reporting = listener.reporting()
+            if not reporting:
+                continue
+            devices = []
+            for ordinal, limit in enumerate(listener.container.limits.devices):
+                whole = self._gpu_usage.get(limit.uuid)
+                mine = listener.nvml.get(limit.uuid)
+                devices.append(
+                    UtilDevice(
+                        index=ordinal,
+                        sm_util_percent=whole.sm_util_percent if whole else -1.0,
+                        container_sm_util_percent=mine.sm_util_percent if mine else -1.0,
+                    )
+                )
+            line = encode_util(devices)
+            for connection in reporting:
+                transport = connection.writer.transport
+                if (
+                    transport.is_closing()
+                    or transport.get_write_buffer_size() > MAX_PENDING_UTIL_BYTES
+                ):
+                    continue  # never let a hook that does not read grow our memory
+                connection.writer.write(line)

@@ -1,0 +1,384 @@
+"""An in-process Kubernetes API server for the REST subset vgpu uses, over real HTTP.
+
+Pods: create, get, list and watch (cluster-wide and per namespace) with resourceVersion
+semantics (every write bumps one counter; a list returns it; a watch from N replays the
+changes after N, or answers 410 Gone when N is older than what it keeps), patch (JSON merge,
+strategic merge treated as JSON merge, and JSON patch), delete, the ``binding`` subresource
+(refusing a pod already bound or a UID mismatch with 409), ``status`` updates; Events create
+and list; Nodes get and list. Errors are ``v1.Status`` objects, as the real server sends.
+
+The real ``kubernetes`` Python client drives it in tests; ``vgpu up`` may use it later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import datetime
+import json
+import uuid
+from collections import deque
+from typing import Any
+
+from aiohttp import web
+
+KEEP_CHANGES = 1000  # changes kept for watches to resume from
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def status_error(code: int, reason: str, message: str) -> web.Response:
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    return web.json_response(body, status=code)
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _pointer(path: str) -> list[str]:
+    if not path.startswith("/"):
+        raise ValueError(f"bad JSON pointer {path!r}")
+    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
+
+
+def json_patch(target: Any, operations: Any) -> Any:
+    """RFC 6902 JSON patch: add, replace, remove, test (what admission and clients use)."""
+    document = copy.deepcopy(target)
+    if not isinstance(operations, list):
+        raise ValueError("a JSON patch is a list of operations")
+    for op in operations:
+        parts = _pointer(op["path"])
+        parent = document
+        for part in parts[:-1]:
+            parent = parent[int(part)] if isinstance(parent, list) else parent[part]
+        last = parts[-1]
+        kind = op["op"]
+        if kind in ("add", "replace"):
+            if isinstance(parent, list):
+                index = len(parent) if last == "-" else int(last)
+                if kind == "add":
+                    parent.insert(index, op["value"])
+                else:
+                    parent[index] = op["value"]
+            else:
+                if kind == "replace" and last not in parent:
+                    raise ValueError(f"replace: {op['path']} does not exist")
+                parent[last] = op["value"]
+        elif kind == "remove":
+            if isinstance(parent, list):
+                parent.pop(int(last))
+            else:
+                del parent[last]
+        elif kind == "test":
+            value = parent[int(last)] if isinstance(parent, list) else parent.get(last)
+            if value != op["value"]:
+                raise ValueError(f"test failed at {op['path']}")
+        else:
+            raise ValueError(f"unsupported JSON patch op {kind!r}")
+    return document
+
+
+class FakeApiServer:
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self._host = host
+        self._runner: web.AppRunner | None = None
+        self._port = 0
+        self.resource_version = 0
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.events: list[dict[str, Any]] = []
+        self.bindings: list[dict[str, Any]] = []
+        self._changes: deque[tuple[int, str, dict[str, Any]]] = deque(maxlen=KEEP_CHANGES)
+        self._changed = asyncio.Condition()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        app = web.Application()
+        pods = "/api/v1/namespaces/{namespace}/pods"
+        app.add_routes(
+            [
+                web.get("/api/v1/pods", self._list_pods),
+                web.get(pods, self._list_pods),
+                web.post(pods, self._create_pod),
+                web.get(pods + "/{name}", self._get_pod),
+                web.patch(pods + "/{name}", self._patch_pod),
+                web.delete(pods + "/{name}", self._delete_pod),
+                web.post(pods + "/{name}/binding", self._bind_pod),
+                web.patch(pods + "/{name}/status", self._patch_pod),
+                web.post("/api/v1/namespaces/{namespace}/events", self._create_event),
+                web.get("/api/v1/namespaces/{namespace}/events", self._list_events),
+                web.get("/api/v1/nodes", self._list_nodes),
+                web.get("/api/v1/nodes/{name}", self._get_node),
+            ]
+        )
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self._host, 0).start()
+        self._port = int(self._runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            async with self._changed:
+                self._changed.notify_all()
+            await runner.cleanup()
+
+    # -- state changes (also for tests driving the "cluster" directly) --------------------
+
+    async def _record(self, kind: str, pod: dict[str, Any]) -> None:
+        self.resource_version += 1
+        pod["metadata"]["resourceVersion"] = str(self.resource_version)
+        self._changes.append((self.resource_version, kind, copy.deepcopy(pod)))
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def create_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
+        pod = copy.deepcopy(pod)
+        metadata = pod.setdefault("metadata", {})
+        metadata.setdefault("namespace", "default")
+        metadata.setdefault("uid", str(uuid.uuid4()))
+        metadata.setdefault("creationTimestamp", _now())
+        pod.setdefault("spec", {}).setdefault("containers", [])
+        pod.setdefault("status", {"phase": "Pending"})
+        self.pods[(metadata["namespace"], metadata["name"])] = pod
+        await self._record("ADDED", pod)
+        return pod
+
+    async def set_phase(self, namespace: str, name: str, phase: str) -> None:
+        pod = self.pods[(namespace, name)]
+        pod.setdefault("status", {})["phase"] = phase
+        await self._record("MODIFIED", pod)
+
+    async def delete_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        pod = self.pods.pop((namespace, name), None)
+        if pod is not None:
+            await self._record("DELETED", pod)
+        return pod
+
+    def add_node(self, name: str, labels: dict[str, str] | None = None) -> None:
+        self.resource_version += 1
+        self.nodes[name] = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "labels": labels or {},
+                "resourceVersion": str(self.resource_version),
+            },
+            "status": {},
+        }
+
+    # -- handlers ---------------------------------------------------------------------------
+
+    async def _body(self, request: web.Request) -> Any:
+        try:
+            return json.loads(await request.read())
+        except ValueError as exc:
+            raise web.HTTPBadRequest(text=f"body is not JSON: {exc}") from exc
+
+    async def _create_pod(self, request: web.Request) -> web.Response:
+        pod = await self._body(request)
+        namespace = request.match_info["namespace"]
+        if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
+            return status_error(400, "BadRequest", "a pod needs metadata")
+        name = pod["metadata"].get("name")
+        if not name:
+            return status_error(422, "Invalid", "metadata.name: Required value")
+        if (namespace, name) in self.pods:
+            return status_error(409, "AlreadyExists", f'pods "{name}" already exists')
+        pod["metadata"]["namespace"] = namespace
+        return web.json_response(await self.create_pod(pod), status=201)
+
+    def _find(self, request: web.Request) -> dict[str, Any]:
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        pod = self.pods.get((namespace, name))
+        if pod is None:
+            raise web.HTTPNotFound(
+                text=json.dumps(
+                    {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "status": "Failure",
+                        "message": f'pods "{name}" not found',
+                        "reason": "NotFound",
+                        "code": 404,
+                    }
+                ),
+                content_type="application/json",
+            )
+        return pod
+
+    async def _get_pod(self, request: web.Request) -> web.Response:
+        return web.json_response(self._find(request))
+
+    async def _patch_pod(self, request: web.Request) -> web.Response:
+        pod = self._find(request)
+        patch = await self._body(request)
+        content_type = request.content_type
+        try:
+            if content_type == "application/json-patch+json":
+                patched = json_patch(pod, patch)
+            elif content_type in (
+                "application/merge-patch+json",
+                "application/strategic-merge-patch+json",
+            ):
+                wanted = (patch.get("metadata") or {}).get("resourceVersion")
+                if wanted and wanted != pod["metadata"]["resourceVersion"]:
+                    return status_error(
+                        409, "Conflict", "the object has been modified; please apply your "
+                        "changes to the latest version and try again",
+                    )  # fmt: skip
+                patched = merge_patch(pod, patch)
+            else:
+                return status_error(415, "UnsupportedMediaType", f"cannot patch {content_type}")
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            return status_error(422, "Invalid", f"the patch does not apply: {exc}")
+        for kept in ("name", "namespace", "uid"):
+            patched["metadata"][kept] = pod["metadata"][kept]
+        pod.clear()
+        pod.update(patched)
+        await self._record("MODIFIED", pod)
+        return web.json_response(pod)
+
+    async def _delete_pod(self, request: web.Request) -> web.Response:
+        pod = self._find(request)
+        await self.delete_pod(pod["metadata"]["namespace"], pod["metadata"]["name"])
+        return web.json_response(pod)
+
+    async def _bind_pod(self, request: web.Request) -> web.Response:
+        pod = self._find(request)
+        binding = await self._body(request)
+        target = (binding.get("target") or {}) if isinstance(binding, dict) else {}
+        node = target.get("name")
+        if not node or target.get("kind", "Node") != "Node":
+            return status_error(400, "BadRequest", "a binding needs target.kind Node and a name")
+        uid = (binding.get("metadata") or {}).get("uid")
+        if uid and uid != pod["metadata"]["uid"]:
+            return status_error(
+                409, "Conflict", f"Precondition failed: UID in precondition: {uid}, UID in "
+                f"object meta: {pod['metadata']['uid']}",
+            )  # fmt: skip
+        bound = pod["spec"].get("nodeName")
+        if bound:
+            return status_error(
+                409,
+                "Conflict",
+                f'pod {pod["metadata"]["name"]} is already assigned to node "{bound}"',
+            )
+        pod["spec"]["nodeName"] = node
+        self.bindings.append(binding)
+        await self._record("MODIFIED", pod)
+        return web.json_response(
+            {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}, status=201
+        )
+
+    async def _list_pods(self, request: web.Request) -> web.StreamResponse:
+        namespace = request.match_info.get("namespace")
+        if request.query.get("watch") in ("true", "1"):
+            return await self._watch(request, namespace)
+        items = [p for (ns, _), p in self.pods.items() if namespace is None or ns == namespace]
+        return web.json_response(
+            {
+                "kind": "PodList",
+                "apiVersion": "v1",
+                "metadata": {"resourceVersion": str(self.resource_version)},
+                "items": items,
+            }
+        )
+
+    async def _watch(self, request: web.Request, namespace: str | None) -> web.StreamResponse:
+        since = int(request.query.get("resourceVersion") or self.resource_version)
+        timeout = float(request.query.get("timeoutSeconds") or 1800)
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        oldest = self._changes[0][0] if self._changes else self.resource_version + 1
+        if self._changes and since < oldest - 1:
+            gone = {
+                "type": "ERROR",
+                "object": {
+                    "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                    "message": f"too old resource version: {since} ({oldest - 1})",
+                    "reason": "Expired", "code": 410,
+                },
+            }  # fmt: skip
+            await response.write(json.dumps(gone).encode() + b"\n")
+            return response
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        sent = since
+        try:
+            while self._runner is not None:
+                for version, kind, pod in list(self._changes):
+                    if version <= sent:
+                        continue
+                    sent = version
+                    if namespace is None or pod["metadata"]["namespace"] == namespace:
+                        event = {"type": kind, "object": pod}
+                        await response.write(json.dumps(event).encode() + b"\n")
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                async with self._changed:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._changed.wait(), timeout=min(left, 1.0))
+        except (ConnectionResetError, asyncio.CancelledError):
+            return response
+        return response
+
+    async def _create_event(self, request: web.Request) -> web.Response:
+        event = await self._body(request)
+        if not isinstance(event, dict) or not isinstance(event.get("involvedObject"), dict):
+            return status_error(422, "Invalid", "involvedObject: Required value")
+        metadata = event.setdefault("metadata", {})
+        metadata["namespace"] = request.match_info["namespace"]
+        if not metadata.get("name"):
+            metadata["name"] = metadata.get("generateName", "event.") + uuid.uuid4().hex[:10]
+        self.resource_version += 1
+        metadata["resourceVersion"] = str(self.resource_version)
+        self.events.append(event)
+        return web.json_response(event, status=201)
+
+    async def _list_events(self, request: web.Request) -> web.Response:
+        namespace = request.match_info["namespace"]
+        items = [e for e in self.events if e["metadata"]["namespace"] == namespace]
+        return web.json_response({"kind": "EventList", "apiVersion": "v1", "items": items})
+
+    async def _list_nodes(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "kind": "NodeList",
+                "apiVersion": "v1",
+                "metadata": {"resourceVersion": str(self.resource_version)},
+                "items": list(self.nodes.values()),
+            }
+        )
+
+    async def _get_node(self, request: web.Request) -> web.Response:
+        node = self.nodes.get(request.match_info["name"])
+        if node is None:
+            return status_error(404, "NotFound", f'nodes "{request.match_info["name"]}" not found')
+        return web.json_response(node)

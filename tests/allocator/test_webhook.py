@@ -1,0 +1,177 @@
+"""The mutating admission webhook over HTTPS, AdmissionReview v1, with a self-signed cert."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import ipaddress
+import json
+import ssl
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from services.allocator import Allocator
+from services.simulators.apiserver import json_patch
+
+from .conftest import MakeAllocator
+
+
+def self_signed(directory: Path) -> tuple[str, str]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "vgpu-allocator.vgpu-system.svc")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = directory / "tls.crt", directory / "tls.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return str(cert_file), str(key_file)
+
+
+@pytest.fixture
+async def webhook(
+    make_allocator: MakeAllocator, tmp_path: Path
+) -> tuple[Allocator, ssl.SSLContext]:
+    cert, key = self_signed(tmp_path)
+    allocator = await make_allocator(
+        webhook_port=0, webhook_host="127.0.0.1", tls_cert_file=cert, tls_key_file=key
+    )
+    trust = ssl.create_default_context(cafile=cert)  # the caBundle of the configuration
+    return allocator, trust
+
+
+def review_of(pod: dict[str, Any], uid: str = "r-1") -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "ml",
+            "operation": "CREATE",
+            "object": pod,
+        },
+    }
+
+
+async def call(webhook: tuple[Allocator, ssl.SSLContext], body: Any) -> tuple[int, Any]:
+    allocator, trust = webhook
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{allocator.webhook_url}/mutate", data=data, ssl=trust) as response,
+    ):
+        return response.status, await response.json()
+
+
+POD = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "p", "namespace": "ml", "annotations": {"gpu-fraction": "0.5"}},
+    "spec": {
+        "containers": [
+            {"name": "kai", "image": "x"},
+            {
+                "name": "web",
+                "image": "nginx",
+                "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
+            },
+            {
+                "name": "ali",
+                "image": "x",
+                "resources": {"limits": {"aliyun.com/gpu-mem": "2", "cpu": "1"}},
+            },
+        ],
+        "initContainers": [
+            {
+                "name": "tencent",
+                "image": "x",
+                "resources": {
+                    "limits": {"tencent.com/vcuda-core": "30"},
+                    "requests": {"tencent.com/vcuda-core": "30"},
+                },
+            },
+        ],
+    },
+}
+
+
+async def test_patches_names_defaults_scheduler_and_void(webhook) -> None:
+    status, answer = await call(webhook, review_of(POD))
+    assert status == 200
+    assert answer["apiVersion"] == "admission.k8s.io/v1" and answer["kind"] == "AdmissionReview"
+    response = answer["response"]
+    assert response["uid"] == "r-1" and response["allowed"] is True
+    assert response["patchType"] == "JSONPatch"
+    patched = json_patch(POD, json.loads(base64.b64decode(response["patch"])))
+    spec = patched["spec"]
+    assert spec["schedulerName"] == "vgpu-scheduler"
+    kai, web, ali = spec["containers"]
+    assert kai["resources"]["limits"] == {
+        "nvidia.com/gpu": "1",
+        "nvidia.com/gpumem-percentage": "50",
+    }
+    assert web["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+    assert ali["resources"]["limits"] == {
+        "cpu": "1",
+        "nvidia.com/gpu": "1",
+        "nvidia.com/gpumem": "2048",
+    }
+    (tencent,) = spec["initContainers"]
+    assert tencent["resources"]["limits"] == {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30"}
+    assert tencent["resources"]["requests"] == tencent["resources"]["limits"]
+    assert "gpu-fraction" not in patched["metadata"]["annotations"]
+
+
+async def test_pod_without_gpu_is_left_alone(webhook) -> None:
+    plain = {"metadata": {"name": "web"}, "spec": {"containers": [{"name": "nginx"}]}}
+    _, answer = await call(webhook, review_of(plain, uid="r-2"))
+    assert answer["response"] == {"uid": "r-2", "allowed": True}
+
+
+async def test_malformed_gpu_request_is_denied_with_the_reason(webhook) -> None:
+    bad = {
+        "metadata": {"name": "b"},
+        "spec": {
+            "containers": [{"name": "m", "resources": {"limits": {"nvidia.com/gpucores": "150"}}}]
+        },
+    }
+    _, answer = await call(webhook, review_of(bad, uid="r-3"))
+    response = answer["response"]
+    assert response["allowed"] is False and response["uid"] == "r-3"
+    assert "gpucores: must be 0-100" in response["status"]["message"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"{", {"kind": "Pod"}, {"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview"}],
+)
+async def test_malformed_reviews_get_400(webhook, body: Any) -> None:
+    status, answer = await call(webhook, body)
+    assert status == 400 and answer["error"]

@@ -1,0 +1,35 @@
+"""One build and run of the hook's tests with AddressSanitizer and UndefinedBehaviorSanitizer:
+the C unit tests and every end-to-end test except the timing-heavy limiter measurements (whose
+launch paths the relay tests still exercise). Skipped when already running sanitized."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.hook.harness import HOOK_DIR, ROOT, SANITIZE, build_hook
+
+
+@pytest.mark.skipif(SANITIZE, reason="this run is already the sanitized one")
+def test_hook_tests_pass_under_asan_and_ubsan(build: Path) -> None:
+    proc = build_hook(HOOK_DIR / "build" / "sanitize", sanitize=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    here = Path(__file__).parent
+    files = ["test_hook.py", "test_paths.py", "test_sharing.py", "test_nvml.py", "test_relay.py"]
+    tests = [str(here / f) for f in files]
+    tests.append(str(here / "test_limiter.py::test_launch_count_reaches_the_region"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+        env={**os.environ, "SANITIZE": "1"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    tail = "\n".join(proc.stdout.splitlines()[-30:])
+    assert proc.returncode == 0, f"{tail}\n{proc.stderr[-3000:]}"
+    assert " passed" in tail
