@@ -80,6 +80,7 @@ def up(
             click.echo(f"extender   {state.extender_url}  (filter, prioritize, bind)")
             click.echo(f"allocator  {state.allocator_url}/allocations")
             click.echo(f"metrics    {state.metrics_url}/metrics")
+            click.echo(f"dashboard  {state.metrics_url}/  (vgpu inspect for a table)")
             for node, url in state.kubelets.items():
                 gpus = ", ".join(gpu.uuid for gpu in cluster.agents[node].gpus)
                 click.echo(f"{node:<10} kubelet {url}  GPUs {gpus}")
