@@ -8,6 +8,7 @@ policies that read the workload mix, by the mix snapshot: a bind invalidates one
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,7 @@ from .placement import NodePlacement, NoFit, describe_request, host_problem, nee
 from .pod_request import NUMA_BIND, PodRequest, parse_pod
 from .policies import MAX_SCORE, POLICIES, Policy, ScoreContext
 
-DEFAULT_POLICY = "binpack"  # measured best on the openb trace: docs/benchmarks.md
+DEFAULT_POLICY = "hostpack"  # measured best on the openb trace: docs/simulate.md
 MIX_REFRESH_PER_CALL = 16  # cached scores refreshed per call after the mix moved
 
 
@@ -181,6 +182,14 @@ class PlacementCore:
             return exc
         return None
 
+    def _raw(self, fit: _Fit, pod: PodRequest) -> float:
+        """The cached raw score, plus the uncached host part of policies that have one (their
+        score depends on the pod's CPU, which cache keys leave out)."""
+        host_score = getattr(self.policies_of(pod)[0], "host_score", None)
+        if host_score is None:
+            return fit.raw_score
+        return fit.raw_score + host_score(fit.placement.trial, pod)  # type: ignore[no-any-return]
+
     def placement(self, pod: PodRequest, node_name: str) -> NodePlacement:
         """Where the pod's slices would go on `node_name` now; Unplaceable when they can't."""
         status = self.cluster.status(node_name)
@@ -196,7 +205,7 @@ class PlacementCore:
 
     def never_fits(self, pod: PodRequest) -> str | None:
         """A reason when no known node could ever hold the pod; None when one could."""
-        key = (pod.shape, self.cluster.capacity_version)
+        key = (pod.shape, pod.cpu_milli, pod.memory_mib, self.cluster.capacity_version)
         if key in self._never:
             return self._never[key]
         reason = self._never_fits(pod)
@@ -263,6 +272,16 @@ class PlacementCore:
                     f"fit: no node in the cluster has {need_text(request)}{numa}{allowed} "
                     f"(largest GPU: {largest} MiB, most GPUs on one node: {most})"
                 )
+        if (pod.cpu_milli or pod.memory_mib) and not fits_somewhere(pod):
+            gpu_only = dataclasses.replace(pod, cpu_milli=0, memory_mib=0)
+            if fits_somewhere(gpu_only):
+                cpu = max((n.cpu_milli for n in states), default=0)
+                memory = max((n.host_memory_mib for n in states), default=0)
+                return (
+                    f"the pod needs {pod.cpu_milli}m CPU and {pod.memory_mib} MiB of memory "
+                    f"beside its GPUs; no node with room for its GPUs has that much (largest "
+                    f"node: {cpu}m CPU, {memory} MiB)"
+                )
         if not fits_somewhere(pod):
             names = ", ".join(repr(r.container) for r in pod.containers)
             return (
@@ -328,7 +347,7 @@ class PlacementCore:
             else:
                 result = self._evaluate(node, pod, key)
             if type(result) is _Fit:
-                raw[name] = result.raw_score
+                raw[name] = self._raw(result, pod)
         return raw
 
     def prioritize(self, pod: PodRequest, node_names: Iterable[str]) -> dict[str, int]:
@@ -364,11 +383,26 @@ class PlacementCore:
         exact score, ties to the lowest name: what the simulator and benchmarks use. Through
         kube-scheduler the same ranking arrives quantised to 0..10 (see to_scores)."""
         names = self.cluster.nodes() if node_names is None else list(node_names)
-        passed = self.filter(pod, names).passed
-        if not passed:
+        if not pod.containers:
+            passed = self.filter(pod, names).passed
+            return min(passed) if passed else None
+        if self.never_fits(pod):
             return None
-        raw = self.raw_scores(pod, passed)
-        return min(passed, key=lambda n: (-raw.get(n, float("-inf")), n))
+        # One pass (filter + raw_scores would evaluate every passing node twice).
+        key = self._key(pod)
+        self._refresh_budget = 2 * MIX_REFRESH_PER_CALL  # as filter + raw_scores would refresh
+        fresh_since, get = self.cluster.fresh_since(), self.cluster.lookup()
+        best: tuple[float, str] | None = None
+        for name in dict.fromkeys(names):
+            node = get(name)
+            if node is None or node.received_at < fresh_since:
+                continue
+            result = self._evaluate(node, pod, key)
+            if type(result) is _Fit:
+                candidate = (-self._raw(result, pod), name)
+                if best is None or candidate < best:
+                    best = candidate
+        return None if best is None else best[1]
 
     def commit(
         self, ref: PodRef, node_name: str, pod: PodRequest, traceparent: str = ""

@@ -8,9 +8,11 @@ the node agents. Nothing here knows HTTP or NATS subjects' payload formats beyon
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import msgspec
@@ -20,12 +22,13 @@ from services.common.resources import RequestError
 from services.common.schemas import (
     AllocationEvent,
     ContainerAllocation,
+    GpuSlice,
     NodeInventory,
     PodAllocation,
 )
 
 from .backend import ClusterBackend
-from .cluster import ClusterState
+from .cluster import Charge, ClusterState
 from .core import FilterOutcome, PlacementCore, PodRef, Unplaceable, pod_ref
 from .journal import Journal, JournalError, LostRace
 from .ledger import Ledger
@@ -62,6 +65,26 @@ class BindError(Exception):
 
 class ClaimError(Exception):
     """A claim was refused; the message names the pod, container or GPUs at fault."""
+
+
+class _UnknownRules(Exception):
+    """Pods to displace whose request (selection, policy) this replica never parsed."""
+
+    def __init__(self, uids: set[str], reason: str) -> None:
+        self.uids = uids
+        super().__init__(
+            f"{reason}; the pods reserving them could not be read from the cluster to place "
+            f"them again: {', '.join(sorted(uids))}"
+        )
+
+
+@dataclass
+class _Move:
+    """A container whose slices a claim changed, with the slices it had before."""
+
+    allocation: PodAllocation
+    container: str
+    slices: list[GpuSlice]
 
 
 def annotation_value(allocation: PodAllocation) -> str:
@@ -231,6 +254,7 @@ class PlacementEngine:
                 allocation = self.core.commit(ref, node, request, traceparent)
             except Unplaceable as exc:
                 raise BindError(str(exc)) from exc
+            self.ledger.set_pod_request(ref.uid, request)  # a claim may re-place it later
             self.journal.added(node, ref.uid)
             try:
                 await self.journal.save(node, ref.uid)
@@ -281,30 +305,30 @@ class PlacementEngine:
         gpu_uuids: list[str],
     ) -> tuple[PodAllocation, ContainerAllocation]:
         """The node agent reports the devices a container got; return its decision."""
-        allocation = self.ledger.find(node, namespace, pod)
-        if allocation is None:
-            raise ClaimError(f"no pod {namespace}/{pod} is bound to node {node!r}")
-        decided = allocation.containers.get(container)
-        if decided is None:
-            known = ", ".join(repr(c) for c in allocation.containers) or "none"
-            raise ClaimError(
-                f"pod {namespace}/{pod} on node {node!r} has no GPU allocation for container "
-                f"{container!r} (containers with one: {known})"
+        for attempt in range(2):
+            allocation, decided = self._claimed_container(
+                node, namespace, pod, container, device_ids, gpu_uuids
             )
-        uuids = list(dict.fromkeys(gpu_uuids))
-        if not device_ids or not uuids:
-            raise ClaimError(
-                f"claim for {namespace}/{pod} container {container!r} names no devices"
-            )
-        if decided.claimed and sorted(decided.device_ids) == sorted(device_ids):
-            return allocation, decided  # the agent asked again: same answer
-        self._follow_kubelet(allocation, decided, uuids)
+            if decided.claimed and sorted(decided.device_ids) == sorted(device_ids):
+                return allocation, decided  # the agent asked again: same answer
+            try:
+                moves = self._follow_kubelet(allocation, decided, list(dict.fromkeys(gpu_uuids)))
+                break
+            except _UnknownRules as exc:
+                if attempt:
+                    raise ClaimError(str(exc)) from exc
+                await self._learn_rules(exc.uids)  # then plan again from scratch
+        was = (decided.claimed, decided.device_ids)
         decided.device_ids = list(device_ids)
         decided.claimed = True
-        self.journal.changed(node, allocation.uid)
+        touched = {allocation.uid: allocation, **{m.allocation.uid: m.allocation for m in moves}}
+        for uid in touched:
+            self.journal.changed(node, uid)
         try:
             await self.journal.save(node)
         except JournalError as exc:
+            decided.claimed, decided.device_ids = was
+            self._undo(moves)
             raise ClaimError(
                 f"pod {namespace}/{pod}: the claim could not be stored: {exc}"
             ) from exc
@@ -318,21 +342,52 @@ class PlacementEngine:
             },
         )
         await self._publish(node, "claimed", allocation)
+        for uid, other in touched.items():
+            if uid != allocation.uid:  # still bound, unclaimed: its reservation moved
+                await self._publish(node, "bound", other)
+        return allocation, decided
+
+    def _claimed_container(
+        self,
+        node: str,
+        namespace: str,
+        pod: str,
+        container: str,
+        device_ids: list[str],
+        gpu_uuids: list[str],
+    ) -> tuple[PodAllocation, ContainerAllocation]:
+        allocation = self.ledger.find(node, namespace, pod)
+        if allocation is None:
+            raise ClaimError(f"no pod {namespace}/{pod} is bound to node {node!r}")
+        decided = allocation.containers.get(container)
+        if decided is None:
+            known = ", ".join(repr(c) for c in allocation.containers) or "none"
+            raise ClaimError(
+                f"pod {namespace}/{pod} on node {node!r} has no GPU allocation for container "
+                f"{container!r} (containers with one: {known})"
+            )
+        if not device_ids or not gpu_uuids:
+            raise ClaimError(
+                f"claim for {namespace}/{pod} container {container!r} names no devices"
+            )
         return allocation, decided
 
     def _follow_kubelet(
         self, allocation: PodAllocation, decided: ContainerAllocation, uuids: list[str]
-    ) -> None:
-        """Make the decision's slices lie on the GPUs the kubelet really handed over.
+    ) -> list[_Move]:
+        """Make the decision's slices lie on the GPUs the kubelet really handed over; return
+        the moves made (the ledger already holds them) so a failed write can undo them.
 
         Same GPUs: only reorder to the kubelet's order. Other GPUs: move the slices there when
-        they have room; otherwise refuse, since the container would run on GPUs nobody reserved.
+        they have room; when only unclaimed containers' reservations stand in the way, re-plan
+        around them (_make_room); otherwise refuse, since the container would run on GPUs
+        nobody reserved.
         """
         where = f"pod {allocation.namespace}/{allocation.name} container {decided.container!r}"
         by_uuid = {piece.uuid: piece for piece in decided.slices}
         if set(uuids) == set(by_uuid):
             decided.slices = [by_uuid[u] for u in uuids]
-            return
+            return []
         planned = [piece.uuid for piece in decided.slices]
         state = self.cluster.node(allocation.node)
         unknown = [u for u in uuids if state is None or u not in state.by_uuid]
@@ -344,13 +399,14 @@ class PlacementEngine:
         request = self.ledger.request_of(allocation.uid, decided.container)
         if request is None:  # recorded without its request: cannot recompute
             raise ClaimError(f"{where}: the allocator lost its request")
+        refused = (
+            f"{where} was given GPUs {', '.join(uuids)} by the kubelet but the allocator "
+            f"chose {', '.join(planned)}, and the given GPUs cannot take it"
+        )
         try:
             slices = slices_on(request, [state.by_uuid[u] for u in uuids])
         except NoFit as exc:
-            raise ClaimError(
-                f"{where} was given GPUs {', '.join(uuids)} by the kubelet but the allocator "
-                f"chose {', '.join(planned)}, and the given GPUs cannot take it: {exc}"
-            ) from exc
+            raise ClaimError(f"{refused}: {exc}") from exc
         before = self.ledger.charges_of(allocation.uid)
         moved = {
             **allocation.containers,
@@ -358,12 +414,10 @@ class PlacementEngine:
         }
         full = overbooked(state, before, pod_charges(moved))
         if full:
-            raise ClaimError(
-                f"{where} was given GPUs {', '.join(uuids)} by the kubelet but the allocator "
-                f"chose {', '.join(planned)}, and the given GPUs cannot take it: "
-                f"{', '.join(full)} lack the room"
-            )
-        self.ledger.move(allocation.uid, decided.container, slices)
+            moves = self._make_room(allocation, decided, slices, full, refused)
+        else:
+            moves = [_Move(allocation, decided.container, list(decided.slices))]
+            self.ledger.move(allocation.uid, decided.container, slices)
         log.warning(
             "moved a container onto the GPUs the kubelet gave it",
             extra={
@@ -373,6 +427,116 @@ class PlacementEngine:
                 "given": uuids,
             },
         )
+        return moves
+
+    def _make_room(
+        self,
+        allocation: PodAllocation,
+        decided: ContainerAllocation,
+        slices: list[GpuSlice],
+        full: list[str],
+        refused: str,
+    ) -> list[_Move]:
+        """Take the given GPUs from unclaimed reservations, and place those again.
+
+        The kubelet admitted pods in another order than they were bound, so it handed this
+        container GPUs reserved for containers that have not started yet. Those (any pod on
+        the node, this one included; never a claimed container) step aside: this container
+        takes its slices where it really runs, then each displaced pod's containers are
+        placed again on what remains by the node's placement (the pod's own policy and
+        selection, as at bind). All or nothing: on any failure every move is undone.
+        """
+        node = allocation.node
+        claimant = (allocation.uid, decided.container)
+        victims: dict[str, tuple[PodAllocation, list[str]]] = {}
+        for other in self.ledger.on_node(node):  # bind order
+            for name, held in other.containers.items():
+                if held.claimed or (other.uid, name) == claimant:
+                    continue
+                if any(piece.uuid in full for piece in held.slices):
+                    victims.setdefault(other.uid, (other, []))[1].append(name)
+        if not victims:
+            raise ClaimError(
+                f"{refused}: {', '.join(full)} lack the room (held by claimed containers)"
+            )
+        unknown = {uid for uid in victims if self.ledger.pod_request_of(uid) is None}
+        if unknown:
+            raise _UnknownRules(unknown, f"{refused}: {', '.join(full)} lack the room")
+        moves = [
+            _Move(other, name, list(other.containers[name].slices))
+            for other, names in victims.values()
+            for name in names
+        ]
+        moves.append(_Move(allocation, decided.container, list(decided.slices)))
+        for move in moves[:-1]:
+            self.ledger.move(move.allocation.uid, move.container, [])
+        self.ledger.move(allocation.uid, decided.container, slices)
+        state = self.cluster.node(node)
+        assert state is not None
+        given = {piece.uuid: Charge() for piece in slices}
+        still_full = overbooked(state, {}, given)
+        if still_full:
+            self._undo(moves)
+            raise ClaimError(
+                f"{refused}: {', '.join(still_full)} lack the room even without the "
+                f"reservations of unclaimed containers (claimed containers hold it)"
+            )
+        for uid, (other, names) in victims.items():
+            rules = self.ledger.pod_request_of(uid)
+            assert rules is not None
+            wanted = tuple(r for r in rules.containers if r.container in names)
+            displaced = dataclasses.replace(rules, containers=wanted, cpu_milli=0, memory_mib=0)
+            try:
+                if len(wanted) != len(names):
+                    raise Unplaceable(f"its request no longer names {', '.join(names)}")
+                placement = self.core.placement(displaced, node)
+            except Unplaceable as exc:
+                self._undo(moves)
+                raise ClaimError(
+                    f"{refused}: {', '.join(full)} are reserved for unclaimed containers "
+                    f"{', '.join(names)} of pod {other.namespace}/{other.name}, which cannot "
+                    f"be placed elsewhere: {exc}"
+                ) from exc
+            for name in names:
+                self.ledger.move(uid, name, placement.slices[name])
+                self.ledger.unmark_hinted(uid, name)  # its new GPUs are a fresh hint
+        for move in moves[:-1]:
+            log.warning(
+                "displaced an unclaimed container to make room for a claim",
+                extra={
+                    "pod": f"{move.allocation.namespace}/{move.allocation.name}",
+                    "container": move.container,
+                    "node": node,
+                    "planned": [piece.uuid for piece in move.slices],
+                    "now": [
+                        piece.uuid for piece in move.allocation.containers[move.container].slices
+                    ],
+                    "for_pod": f"{allocation.namespace}/{allocation.name}",
+                    "for_container": decided.container,
+                },
+            )
+        return moves
+
+    def _undo(self, moves: list[_Move]) -> None:
+        for move in reversed(moves):
+            self.ledger.move(move.allocation.uid, move.container, move.slices)
+
+    async def _learn_rules(self, uids: set[str]) -> None:
+        """Read pods whose records came from storage (no request kept) from the cluster."""
+        for uid in uids:
+            allocation = self.ledger.get(uid)
+            if allocation is None:
+                continue
+            try:
+                pod = await self.backend.get_pod(allocation.namespace, allocation.name)
+                if pod is None or pod_ref(pod).uid != uid:
+                    continue
+                self.ledger.set_pod_request(uid, self.core.parse(pod))
+            except Exception as exc:  # the claim is refused below, naming the pod
+                log.warning(
+                    "cannot read a pod's request from the cluster",
+                    extra={"uid": uid, "error": str(exc)},
+                )
 
     def preferred(self, node: str, available_gpus: list[str], size: int) -> list[str]:
         """GPUs of the oldest bound-but-unclaimed, not yet hinted container of `size` slices."""
@@ -440,8 +604,6 @@ def decode_annotation(
     value: str, pod: Mapping[str, Any], node: str, init_names: set[str]
 ) -> PodAllocation:
     """A PodAllocation from the `vgpu.io/allocation` annotation of a bound pod (rebuild)."""
-    from services.common.schemas import GpuSlice
-
     by_name = msgspec.json.decode(value, type=dict[str, list[GpuSlice]])
     ref = pod_ref(pod)
     return PodAllocation(

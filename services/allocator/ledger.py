@@ -14,6 +14,7 @@ from services.common.schemas import ContainerRequest, GpuSlice, PodAllocation
 
 from .cluster import Charge, ClusterState
 from .placement import pod_charges
+from .pod_request import PodRequest
 
 
 class LedgerError(ValueError):
@@ -28,6 +29,7 @@ class _Entry:
     cpu_milli: int = 0
     memory_mib: int = 0
     hinted: set[str] = field(default_factory=set)
+    pod_request: PodRequest | None = None  # selection and policies: to re-place containers
 
 
 def derived_request(allocation: PodAllocation, container: str) -> ContainerRequest | None:
@@ -89,9 +91,11 @@ class Ledger:
         hinted = old.hinted if old is not None else set()
         requests = old.requests if old is not None else {}
         cpu, memory = (old.cpu_milli, old.memory_mib) if old is not None else (0, 0)
+        pod_request = old.pod_request if old is not None else None
         self.release(allocation.uid)
         self.record(allocation, requests, cpu, memory)
         self._pods[allocation.uid].hinted = hinted
+        self._pods[allocation.uid].pod_request = pod_request
 
     def reapply(self, node: str) -> None:
         """Recompute a node's usage from its records (its GPUs changed, or it came back)."""
@@ -108,6 +112,16 @@ class Ledger:
         if entry is None:
             return None
         return entry.requests.get(container) or derived_request(entry.allocation, container)
+
+    def set_pod_request(self, uid: str, request: PodRequest) -> None:
+        entry = self._pods.get(uid)
+        if entry is not None:
+            entry.pod_request = request
+
+    def pod_request_of(self, uid: str) -> PodRequest | None:
+        """The pod's whole request as bound (None for records taken from storage)."""
+        entry = self._pods.get(uid)
+        return None if entry is None else entry.pod_request
 
     def charges_of(self, uid: str) -> dict[str, Charge]:
         entry = self._pods.get(uid)
@@ -145,6 +159,11 @@ class Ledger:
 
     def mark_hinted(self, uid: str, container: str) -> None:
         self._pods[uid].hinted.add(container)
+
+    def unmark_hinted(self, uid: str, container: str) -> None:
+        entry = self._pods.get(uid)
+        if entry is not None:
+            entry.hinted.discard(container)
 
     def is_hinted(self, uid: str, container: str) -> bool:
         entry = self._pods.get(uid)

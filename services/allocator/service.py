@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import socket
@@ -119,6 +120,9 @@ class Allocator:
 
     async def _start(self) -> None:
         settings = self.settings
+        if settings.gc_threshold:
+            # Process-wide, on purpose: fewer, larger collections (see the setting).
+            gc.set_threshold(settings.gc_threshold, 50, 1000)
         self._bus = await Bus.connect(settings.nats_url, f"vgpu-allocator-{self.replica}")
         self.engine.set_event_sink(self._bus)
         js = self._bus.client.jetstream(timeout=5)
@@ -130,6 +134,7 @@ class Allocator:
                     f"cannot open the JetStream KV bucket {settings.state_bucket!r} at "
                     f"{settings.nats_url} (is JetStream enabled?): {exc}"
                 ) from exc
+        gc.freeze()  # what start-up loaded lives on: keep it out of every later collection
         await self._bus.subscribe(subjects.INVENTORY_ALL, NodeInventory, self._on_inventory)
         await ClaimHandlers(self.engine).serve(self._bus)
         await self._bus.client.flush()  # the server has our subscriptions before we answer

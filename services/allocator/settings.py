@@ -19,7 +19,7 @@ from services.common.resources import (
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]  # 0 = any free port (tests, `vgpu up`)
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 Scaling = Annotated[float, msgspec.Meta(ge=1.0)]
-PolicyName = Literal["binpack", "spread", "topology", "fgd"]
+PolicyName = Literal["binpack", "spread", "topology", "fgd", "hostpack"]
 
 
 class AllocatorSettings(msgspec.Struct, kw_only=True, frozen=True):
@@ -33,13 +33,17 @@ class AllocatorSettings(msgspec.Struct, kw_only=True, frozen=True):
     log_level: str = "info"
 
     # Placement. The default policy is the one that measured best on the openb trace.
-    node_policy: PolicyName = "binpack"
-    gpu_policy: PolicyName = "binpack"
+    node_policy: PolicyName = "hostpack"
+    gpu_policy: PolicyName = "hostpack"
     memory_reserve_mib: Annotated[int, msgspec.Meta(ge=0)] = 0  # per GPU: context + driver
     split_count: Annotated[int, msgspec.Meta(ge=1)] = 10  # task slots per GPU
     memory_scaling: Scaling = 1.0  # > 1 oversubscribes GPU memory (HAMi deviceMemoryScaling)
     node_memory_scaling: dict[str, Scaling] = {}  # per node, overriding memory_scaling
     mix_window: Annotated[int, msgspec.Meta(ge=10)] = 2000  # recent pods FGD weighs
+    # Python's cyclic GC: the first generation's threshold (0 = leave the default, 700). The
+    # placement caches hold many small objects; frequent collections were the largest part of
+    # the extender's p99 at 5,000 nodes (docs/benchmarks.md).
+    gc_threshold: Annotated[int, msgspec.Meta(ge=0)] = 100_000
 
     # Requests: HAMi's names and defaults, renameable as in HAMi.
     resource_gpu: str = GPU

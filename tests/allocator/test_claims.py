@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.allocator import Allocator
+from services.allocator import Allocator, LocalClusterBackend
 from services.common import subjects
 from services.common.bus import Bus, BusError
 from services.common.schemas import (
@@ -14,6 +14,7 @@ from services.common.schemas import (
     PreferredRequest,
 )
 
+from .conftest import MakeAllocator
 from .helpers import (
     admit_to_cluster,
     bind_args,
@@ -112,7 +113,97 @@ async def test_claim_on_other_gpus_moves_when_they_fit(
     assert set(allocator.ledger.reserved("n1")) == {"GPU-n1-2"}
 
 
-async def test_claim_on_other_gpus_without_room_is_refused(
+def _gpus_of(allocator: Allocator, p: dict, name: str) -> list[str]:
+    allocation = allocator.ledger.get(p["metadata"]["uid"])
+    assert allocation is not None
+    return [s.uuid for s in allocation.containers[name].slices]
+
+
+def _within_capacity(allocator: Allocator, node: str = "n1") -> bool:
+    state = allocator.cluster.node(node)
+    assert state is not None
+    return all(g.used.memory_mib <= g.memory_mib and g.used.slots <= g.slots for g in state.gpus)
+
+
+async def test_swapped_admission_on_a_full_node_both_claims_succeed(
+    allocator: Allocator, bus: Bus, http
+) -> None:
+    await give_nodes(bus, allocator, node_inventory("n1", count=2))
+    events = await collect_events(bus, "n1")
+    first = pod("first", [container("a", mem=30000)])
+    second = pod("second", [container("a", mem=30000)])
+    await _bind(http, allocator, first, "n1")
+    await _bind(http, allocator, second, "n1")
+    assert _gpus_of(allocator, first, "a") == ["GPU-n1-0"]
+    assert _gpus_of(allocator, second, "a") == ["GPU-n1-1"]
+
+    # The kubelet admits `second` first and hands it GPU 0, reserved for unclaimed `first`.
+    reply = await bus.request(subjects.ALLOC_CLAIM, _claim(second, "a", ["GPU-n1-0"]), ClaimReply)
+    assert reply.allocation is not None
+    assert [(s.uuid, s.memory_mib) for s in reply.allocation.slices] == [("GPU-n1-0", 30000)]
+    assert _gpus_of(allocator, first, "a") == ["GPU-n1-1"]  # displaced, still unclaimed
+    assert not allocator.ledger.get(first["metadata"]["uid"]).containers["a"].claimed
+    assert _within_capacity(allocator)
+    await eventually(lambda: len(events) == 4)
+    assert [(e.kind, e.allocation.name) for e in events[2:]] == [
+        ("claimed", "second"),
+        ("bound", "first"),
+    ]
+    assert [s.uuid for s in events[3].allocation.containers["a"].slices] == ["GPU-n1-1"]
+
+    again = await bus.request(subjects.ALLOC_CLAIM, _claim(second, "a", ["GPU-n1-0"]), ClaimReply)
+    assert again.allocation == reply.allocation  # idempotent
+
+    # Then `first` arrives and the kubelet gives it the other GPU: it follows, nothing moves.
+    reply = await bus.request(subjects.ALLOC_CLAIM, _claim(first, "a", ["GPU-n1-1"]), ClaimReply)
+    assert reply.allocation is not None and reply.allocation.claimed
+    assert _gpus_of(allocator, first, "a") == ["GPU-n1-1"]
+    assert _gpus_of(allocator, second, "a") == ["GPU-n1-0"]
+    assert allocator.ledger.reserved("n1") == {
+        "GPU-n1-0": (30000, 0, 1),
+        "GPU-n1-1": (30000, 0, 1),
+    }
+
+
+async def test_claim_displaces_an_unclaimed_container_of_its_own_pod(
+    allocator: Allocator, bus: Bus, http
+) -> None:
+    await give_nodes(bus, allocator, node_inventory("n1", count=2))
+    p = pod("p", [container("a", mem=30000), container("b", mem=30000)])
+    await _bind(http, allocator, p, "n1")
+    assert (_gpus_of(allocator, p, "a"), _gpus_of(allocator, p, "b")) == (
+        ["GPU-n1-0"],
+        ["GPU-n1-1"],
+    )
+    await bus.request(subjects.ALLOC_CLAIM, _claim(p, "b", ["GPU-n1-0"]), ClaimReply)
+    assert (_gpus_of(allocator, p, "a"), _gpus_of(allocator, p, "b")) == (
+        ["GPU-n1-1"],
+        ["GPU-n1-0"],
+    )
+    assert _within_capacity(allocator)
+
+
+async def test_claim_refused_when_the_displaced_container_fits_nowhere(
+    allocator: Allocator, bus: Bus, http
+) -> None:
+    await give_nodes(bus, allocator, node_inventory("n1", count=2))
+    big = pod("big", [container("a", mem=30000)])
+    small = pod("small", [container("a", mem=20000)])
+    other = pod("other", [container("a", mem=20000)])
+    for p in (big, small, other):
+        await _bind(http, allocator, p, "n1")  # big: GPU 0; small and other: GPU 1
+    assert _gpus_of(allocator, other, "a") == ["GPU-n1-1"]
+    before = allocator.ledger.reserved("n1")
+    # small onto GPU 0 would push big out, and GPU 1 (other's 20000 MiB) cannot take it.
+    with pytest.raises(BusError, match=r"GPU-n1-0 .*unclaimed containers a of pod default/big"):
+        await bus.request(subjects.ALLOC_CLAIM, _claim(small, "a", ["GPU-n1-0"]), ClaimReply)
+    assert allocator.ledger.reserved("n1") == before  # nothing moved
+    assert _gpus_of(allocator, big, "a") == ["GPU-n1-0"]
+    assert _gpus_of(allocator, small, "a") == ["GPU-n1-1"]
+    assert not allocator.ledger.get(small["metadata"]["uid"]).containers["a"].claimed
+
+
+async def test_claim_never_displaces_a_claimed_container(
     allocator: Allocator, bus: Bus, http
 ) -> None:
     await give_nodes(bus, allocator, node_inventory("n1", count=2))
@@ -120,11 +211,15 @@ async def test_claim_on_other_gpus_without_room_is_refused(
     small = pod("small", [container("a", mem=30000)])
     await _bind(http, allocator, big, "n1")  # GPU 0
     await _bind(http, allocator, small, "n1")  # GPU 1
-    with pytest.raises(BusError, match=r"given GPUs GPU-n1-0 .*chose GPU-n1-1"):
+    await bus.request(subjects.ALLOC_CLAIM, _claim(big, "a", ["GPU-n1-0"]), ClaimReply)
+    with pytest.raises(
+        BusError, match=r"given GPUs GPU-n1-0 .*chose GPU-n1-1.*GPU-n1-0 lack the room \(held by"
+    ):
         await bus.request(subjects.ALLOC_CLAIM, _claim(small, "a", ["GPU-n1-0"]), ClaimReply)
     with pytest.raises(BusError, match="GPU-nowhere"):
         await bus.request(subjects.ALLOC_CLAIM, _claim(small, "a", ["GPU-nowhere"]), ClaimReply)
-    decided = allocator.engine.allocations()[1].containers["a"]
+    assert _gpus_of(allocator, big, "a") == ["GPU-n1-0"]
+    decided = allocator.ledger.get(small["metadata"]["uid"]).containers["a"]
     assert [s.uuid for s in decided.slices] == ["GPU-n1-1"] and not decided.claimed
 
 
@@ -174,3 +269,25 @@ async def test_claimed_containers_are_not_hinted(allocator: Allocator, bus: Bus,
         PreferredReply,
     )
     assert reply.gpu_uuids == ["GPU-n1-1"]
+
+
+async def test_replica_rebuilt_from_the_store_re_plans_with_the_pods_from_the_cluster(
+    make_allocator: MakeAllocator, bus: Bus, http
+) -> None:
+    backend = LocalClusterBackend()
+    first = await make_allocator(backend=backend)
+    await give_nodes(bus, first, node_inventory("n1", count=2))
+    one = pod("one", [container("a", mem=30000)])
+    two = pod("two", [container("a", mem=30000)])
+    await _bind(http, first, one, "n1")  # GPU 0
+    await _bind(http, first, two, "n1")  # GPU 1
+    await first.stop()
+
+    second = await make_allocator(backend=backend)  # knows the records, not the requests
+    await give_nodes(bus, second, node_inventory("n1", count=2))
+    assert second.ledger.pod_request_of(one["metadata"]["uid"]) is None
+    reply = await bus.request(subjects.ALLOC_CLAIM, _claim(two, "a", ["GPU-n1-0"]), ClaimReply)
+    assert reply.allocation is not None
+    assert _gpus_of(second, two, "a") == ["GPU-n1-0"]
+    assert _gpus_of(second, one, "a") == ["GPU-n1-1"]
+    assert _within_capacity(second)

@@ -197,3 +197,23 @@ def test_best_node_drives_filter_prioritize_and_pick_without_http() -> None:
     place(core, pod("a", [container("m", mem=10000)]), on="n2")
     assert core.best_node(core.parse(pod("b", [container("m", mem=1000)]))) == "n2"  # binpack
     assert core.best_node(core.parse(pod("c", [container("m", mem=10**6)]))) is None
+
+
+def test_node_capacity_hints_bound_cpu_and_memory_when_reported() -> None:
+    core = make_core(node("n", count=2, cpu_milli=4000, host_memory_mib=8192))
+
+    def cpu_pod(name: str, cpu: str) -> dict[str, Any]:
+        p = pod(name, [container("m", mem=10)])
+        p["spec"]["containers"][0]["resources"]["requests"] = {
+            "cpu": cpu,
+            "nvidia.com/gpumem": "10",
+        }
+        return p
+
+    place(core, cpu_pod("a", "3"))
+    outcome = core.filter(core.parse(cpu_pod("b", "2")), ["n"])
+    assert "the pod needs 2000m CPU; 1000m of 4000m free" in outcome.failed["n"]
+    never = core.filter(core.parse(cpu_pod("c", "5")), ["n"])
+    assert "the pod needs 5000m CPU" in never.unresolvable["n"]
+    assert "largest node: 4000m CPU" in never.unresolvable["n"]
+    assert core.filter(core.parse(cpu_pod("d", "500m")), ["n"]).passed == ["n"]

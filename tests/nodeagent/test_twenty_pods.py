@@ -20,12 +20,12 @@ from services.nodeagent.grant import container_key
 from services.simulators.scheduler import SchedulerSimulator
 from tests.nodeagent.harness import NODE, NodeDirs, node_dirs, running_node, wait_until
 
-GPUS_PER_NODE = 8
-# The kubelet asks GetPreferredAllocation without saying for which pod; in a shuffled
-# admission the hint can be another pending container's, and the claim then moves the slice to
-# the GPU the kubelet really gave. With HAMi's default GPU policy (spread) there is room for
-# that; see docs/nodeagent.md for what happens on a full node.
-GPU_POLICY = "spread"
+# Tight on purpose: with the allocator's default GPU policy (it packs) 4 GPUs hold the 20 pods'
+# 30 slices with few task slots to spare. The kubelet asks GetPreferredAllocation without
+# saying for which pod; in a shuffled admission the hint is often another pending container's,
+# so a claim lands on GPUs reserved for containers that have not started yet. The allocator
+# then re-plans around those unclaimed reservations (docs/allocator.md, "claim").
+GPUS_PER_NODE = 4
 
 
 def container(name: str, gpus: int, memory: int, cores: int, **extra: Any) -> dict[str, Any]:
@@ -52,10 +52,11 @@ def pod(
 
 
 def twenty_pods() -> list[dict[str, Any]]:
-    """Every memory size distinct, so a mixed-up container is always caught. The node's
-    capacity is not the bottleneck here (the sum fits one GPU): which GPU the kubelet picks
-    may differ from the allocator's plan in a shuffled admission, and the claim then moves the
-    slice; what must never happen is a container running with another's limits."""
+    """Every memory size distinct, so a mixed-up container is always caught. Memory is not
+    the bottleneck (the sum fits one GPU), task slots are (10 per GPU, 30 slices here): which
+    GPU the kubelet picks may differ from the allocator's plan in a shuffled admission, and the
+    claim then moves the slice, re-planning unclaimed reservations that stand in the way;
+    what must never happen is a container running with another's limits, or none."""
     pods = []
     for i in range(8):  # one container, one GPU
         pods.append(pod(f"single-{i}", [container("main", 1, 500 + 37 * i, 1 + i % 3)]))
@@ -94,7 +95,7 @@ def read_limits(text: str) -> dict[str, str]:
 @pytest.fixture
 async def allocator(nats_server: EmbeddedNats) -> AsyncIterator[Allocator]:
     started = Allocator(
-        AllocatorSettings(nats_url=nats_server.url, http_port=0, gpu_policy=GPU_POLICY),
+        AllocatorSettings(nats_url=nats_server.url, http_port=0),
         LocalClusterBackend(),
     )
     await started.start()
@@ -177,3 +178,14 @@ async def test_twenty_pods_shuffled_each_container_gets_its_own_limits(
                     assert limits[f"device.{i}.cores"] == str(cores), (name, owner)
                 checked += 1
         assert checked == 29  # 8 + 4*2 + 3 + 3*2 + 2*2 containers
+        # Every container claimed (but the plain init containers, whose devices the app
+        # container took over: they are served as it), and no GPU holds more than it has.
+        allocations = allocator.engine.allocations()
+        unclaimed = sorted(
+            (a.name, n) for a in allocations for n, c in a.containers.items() if not c.claimed
+        )
+        assert unclaimed == [("init-0", "setup"), ("init-1", "setup")]
+        state = allocator.cluster.node(NODE)
+        assert state is not None
+        for gpu in state.gpus:
+            assert gpu.used.memory_mib <= gpu.memory_mib and gpu.used.slots <= gpu.slots, gpu

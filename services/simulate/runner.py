@@ -1,0 +1,84 @@
+"""Run many replays (policies x seeds), in worker processes when asked."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from services.simulate.replay import ReplayResult, replay
+from services.simulate.trace import TraceNode, TracePod, read_nodes, read_pods
+from services.simulate.workload import arrivals, gpu_capacity
+
+
+@dataclass(frozen=True)
+class Job:
+    nodes: Path
+    pods: Path
+    policy: str
+    seed: int
+    demand: float = 1.3
+    cpu_pods: str = "least-stranded"
+
+
+def run_job(
+    job: Job,
+    loaded: tuple[Sequence[TraceNode], Sequence[TracePod]] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> ReplayResult:
+    nodes, pods = loaded or (read_nodes(job.nodes), read_pods(job.pods))
+    sequence = arrivals(pods, gpu_capacity(nodes), job.demand, job.seed)
+    return replay(nodes, sequence, job.policy, job.seed, cpu_pods=job.cpu_pods, progress=progress)
+
+
+def _worker(job: Job) -> ReplayResult:
+    return run_job(job)
+
+
+def run_jobs(
+    jobs: Sequence[Job],
+    workers: int = 1,
+    on_done: Callable[[Job, ReplayResult], None] | None = None,
+) -> list[ReplayResult]:
+    """Results in the order of `jobs`; `workers` > 1 runs them in separate processes."""
+    results: list[ReplayResult] = []
+    if workers <= 1 or len(jobs) <= 1:
+        for job in jobs:
+            results.append(run_job(job))
+            if on_done:
+                on_done(job, results[-1])
+        return results
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        for job, result in zip(jobs, pool.imap(_worker, jobs), strict=True):
+            results.append(result)
+            if on_done:
+                on_done(job, result)
+    return results
+
+
+class ProgressBar:
+    """A one-line bar on a terminal (stderr), silent when it is not one."""
+
+    def __init__(self, label: str, stream: TextIO | None = None, width: int = 30) -> None:
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty()
+        self.label = label
+        self.width = width
+        self._shown = -1
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled or not total:
+            return
+        step = done * 100 // total
+        if step == self._shown:
+            return
+        self._shown = step
+        filled = self.width * done // total
+        bar = "#" * filled + "-" * (self.width - filled)
+        self.stream.write(f"\r{self.label:<14} [{bar}] {done}/{total} pods")
+        if done == total:
+            self.stream.write("\r" + " " * (self.width + 40) + "\r")
+        self.stream.flush()
