@@ -36,17 +36,10 @@ from services.allocator.ledger import Ledger
 from services.allocator.pod_request import PodRequest
 from services.allocator.policies import POLICIES, Policy, ScoreContext, Trial, relative_scores
 from services.common.schemas import GpuDevice, NodeInventory
+from services.simulate.trace import OPENB_MODEL_MEMORY_MIB
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"
-MODEL_MIB = {
-    "T4": 15109,
-    "V100M16": 16160,
-    "P100": 16280,
-    "A10": 22731,
-    "V100M32": 32510,
-    "G2": 20000,
-    "G3": 30000,
-}
+MODEL_MIB = OPENB_MODEL_MEMORY_MIB
 
 
 class RandomPolicy:

@@ -61,6 +61,26 @@ typedef enum CUarray_format_enum {
     CU_AD_FORMAT_FLOAT = 0x20,
 } CUarray_format;
 
+/* Bytes per channel of an array format; 0 for formats not named above. Shared by the hook
+ * (which charges unknown formats conservatively) and the simulated driver (which refuses them). */
+static inline size_t cuda_format_bytes(CUarray_format f)
+{
+    switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+        return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+        return 2;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT:
+        return 4;
+    }
+    return 0;
+}
+
 typedef struct CUDA_ARRAY_DESCRIPTOR_st {
     size_t Width;
     size_t Height;

@@ -462,27 +462,9 @@ SIM_EXPORT CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_b
 
 /* --- arrays ------------------------------------------------------------------------------ */
 
-static size_t format_bytes(CUarray_format f)
-{
-    switch (f) {
-    case CU_AD_FORMAT_UNSIGNED_INT8:
-    case CU_AD_FORMAT_SIGNED_INT8:
-        return 1;
-    case CU_AD_FORMAT_UNSIGNED_INT16:
-    case CU_AD_FORMAT_SIGNED_INT16:
-    case CU_AD_FORMAT_HALF:
-        return 2;
-    case CU_AD_FORMAT_UNSIGNED_INT32:
-    case CU_AD_FORMAT_SIGNED_INT32:
-    case CU_AD_FORMAT_FLOAT:
-        return 4;
-    }
-    return 0;
-}
-
 static size_t array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned channels)
 {
-    size_t e = format_bytes(f);
+    size_t e = cuda_format_bytes(f);
     if (!e || w == 0 || (channels != 1 && channels != 2 && channels != 4))
         return 0;
     return w * (h ? h : 1) * (d ? d : 1) * e * channels;

@@ -66,18 +66,25 @@ static void clamp_to_slice(int dev, uint64_t *free_bytes, uint64_t *total_bytes)
         *free_bytes = left;
 }
 
+/* The same for the device of the current context (left alone when there is none). */
+static void clamp_current_to_slice(uint64_t *free_bytes, uint64_t *total_bytes)
+{
+    CUcontext ctx;
+    CUdevice dev;
+    if (vgpu_current(&ctx, &dev) == 0)
+        clamp_to_slice(dev, free_bytes, total_bytes);
+}
+
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {
     REAL_OR_RETURN(cuMemGetInfo_v2);
     if (!vgpu_ready())
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = real(free_bytes, total_bytes);
-    CUcontext ctx;
-    CUdevice dev;
-    if (rc != CUDA_SUCCESS || !free_bytes || !total_bytes || vgpu_current(&ctx, &dev) != 0)
+    if (rc != CUDA_SUCCESS || !free_bytes || !total_bytes)
         return rc;
     uint64_t f = *free_bytes, t = *total_bytes;
-    clamp_to_slice(dev, &f, &t);
+    clamp_current_to_slice(&f, &t);
     *free_bytes = f, *total_bytes = t;
     return rc;
 }
@@ -88,12 +95,10 @@ CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes)
     if (!vgpu_ready())
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = real(free_bytes, total_bytes);
-    CUcontext ctx;
-    CUdevice dev;
-    if (rc != CUDA_SUCCESS || !free_bytes || !total_bytes || vgpu_current(&ctx, &dev) != 0)
+    if (rc != CUDA_SUCCESS || !free_bytes || !total_bytes)
         return rc;
     uint64_t f = *free_bytes, t = *total_bytes;
-    clamp_to_slice(dev, &f, &t);
+    clamp_current_to_slice(&f, &t);
     *free_bytes = (unsigned int)f, *total_bytes = (unsigned int)t;
     return rc;
 }

@@ -301,24 +301,12 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool)
 
 /* --- arrays -------------------------------------------------------------------------------- */
 
-/* Bytes per channel of an array format; formats this header does not name
- * (packed, compressed, video) are charged 16, more than any of them takes. */
+/* Formats the header does not name (packed, compressed, video) are charged 16 bytes per
+ * channel, more than any of them takes. */
 static uint64_t format_bytes(CUarray_format f)
 {
-    switch (f) {
-    case CU_AD_FORMAT_UNSIGNED_INT8:
-    case CU_AD_FORMAT_SIGNED_INT8:
-        return 1;
-    case CU_AD_FORMAT_UNSIGNED_INT16:
-    case CU_AD_FORMAT_SIGNED_INT16:
-    case CU_AD_FORMAT_HALF:
-        return 2;
-    case CU_AD_FORMAT_UNSIGNED_INT32:
-    case CU_AD_FORMAT_SIGNED_INT32:
-    case CU_AD_FORMAT_FLOAT:
-        return 4;
-    }
-    return 16;
+    size_t known = cuda_format_bytes(f);
+    return known ? known : 16;
 }
 
 /* 0 when the descriptor is invalid (the driver will refuse it) or overflows. */

@@ -136,17 +136,23 @@ def _yaml(path: Path) -> Any:
         raise TraceError(f"{path} is not valid YAML: {exc}") from exc
 
 
-def read_yaml_nodes(path: Path) -> list[TraceNode]:
-    """vgpu's format: ``nodes: [{name, gpus, model, gpu_memory_mib, cpu_milli, memory_mib}]``."""
+def _yaml_items(path: Path, key: str) -> Iterable[tuple[str, dict[str, Any]]]:
+    """(where, item) for each named mapping in the list under `key` of a YAML file."""
     loaded = _yaml(path)
-    items = loaded.get("nodes") if isinstance(loaded, dict) else None
+    items = loaded.get(key) if isinstance(loaded, dict) else None
     if not isinstance(items, list):
-        raise TraceError(f"{path}: expected a mapping with a list under 'nodes'")
-    nodes = []
+        raise TraceError(f"{path}: expected a mapping with a list under {key!r}")
     for index, item in enumerate(items):
-        where = f"{path}: nodes[{index}]"
+        where = f"{path}: {key}[{index}]"
         if not isinstance(item, dict) or not item.get("name"):
             raise TraceError(f"{where}: expected a mapping with a name")
+        yield where, item
+
+
+def read_yaml_nodes(path: Path) -> list[TraceNode]:
+    """vgpu's format: ``nodes: [{name, gpus, model, gpu_memory_mib, cpu_milli, memory_mib}]``."""
+    nodes = []
+    for where, item in _yaml_items(path, "nodes"):
         fields = {k: str(item.get(k, 0)) for k in ("gpus", "cpu_milli", "memory_mib")}
         gpus = _int(fields, "gpus", where)
         model = str(item.get("model", ""))
@@ -168,15 +174,8 @@ def read_yaml_nodes(path: Path) -> list[TraceNode]:
 
 def read_yaml_pods(path: Path) -> list[TracePod]:
     """vgpu's format: ``pods: [{name, cpu_milli, memory_mib, gpus, gpu_milli, models}]``."""
-    loaded = _yaml(path)
-    items = loaded.get("pods") if isinstance(loaded, dict) else None
-    if not isinstance(items, list):
-        raise TraceError(f"{path}: expected a mapping with a list under 'pods'")
     pods = []
-    for index, item in enumerate(items):
-        where = f"{path}: pods[{index}]"
-        if not isinstance(item, dict) or not item.get("name"):
-            raise TraceError(f"{where}: expected a mapping with a name")
+    for where, item in _yaml_items(path, "pods"):
         fields = {k: str(item.get(k, 0)) for k in ("gpus", "gpu_milli", "cpu_milli", "memory_mib")}
         gpus = _int(fields, "gpus", where)
         milli = _int(fields, "gpu_milli", where) if gpus == 1 else 1000 * gpus

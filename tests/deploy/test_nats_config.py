@@ -197,7 +197,7 @@ class Inbox:
         self.subjects.append(msg.subject)
         self.event.set()
 
-    async def wait(self, timeout: float = 5.0) -> None:
+    async def wait(self, timeout: float = 15.0) -> None:
         await asyncio.wait_for(self.event.wait(), timeout)
 
 
@@ -208,7 +208,7 @@ async def _listen(bus: Bus, subject: str) -> Inbox:
     return inbox
 
 
-async def _until(condition: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
+async def _until(condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -319,10 +319,10 @@ async def test_jetstream_state_is_the_allocators_and_metrics_may_only_read(
 
         # Metrics reads the decisions (get and the watch its rebuild uses) ...
         mark = cluster.mark()
-        readable = await metrics.client.jetstream(timeout=5).key_value(STATE_BUCKET)
+        readable = await metrics.client.jetstream(timeout=15).key_value(STATE_BUCKET)
         assert (await readable.get("node.gpu-1")).value == b"decision"
         watcher = await readable.watchall()
-        update = await watcher.updates(timeout=5)
+        update = await watcher.updates(timeout=15)
         assert update is not None and update.key == "node.gpu-1"
         await watcher.stop()
         assert "Violation" not in cluster.log_since(mark)
