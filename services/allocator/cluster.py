@@ -113,17 +113,62 @@ class NodeState:
     version: int = 0
     cache: dict[object, tuple[int, object]] = field(default_factory=dict)
     positions: dict[str, int] = field(default_factory=dict)  # uuid -> index in `gpus`
+    _signature: tuple[int, tuple[object, ...]] | None = field(default=None, repr=False)
+    _free_cores: tuple[int, tuple[int, ...]] | None = field(default=None, repr=False)
+
+    # Capacity hints, copied from the inventory: read for every node on every call.
+    cpu_milli: int = field(init=False)
+    host_memory_mib: int = field(init=False)
+
+    # What an idle node can hold, without identity (its GPUs never change: a new inventory
+    # makes a new NodeState), and the models among its GPUs.
+    capacity_signature: tuple[object, ...] = field(init=False)
+    models: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
         self.positions = {g.uuid: i for i, g in enumerate(self.gpus)}
+        self.cpu_milli = self.inventory.cpu_milli
+        self.host_memory_mib = self.inventory.host_memory_mib
+        self.capacity_signature = (
+            tuple(
+                (g.device.model, g.base_memory_mib, g.memory_mib, g.slots, g.device.numa_node)
+                for g in self.gpus
+            ),
+            self.cpu_milli,
+            self.host_memory_mib,
+        )
+        self.models = tuple(sorted({g.device.model for g in self.gpus}))
 
-    @property
-    def cpu_milli(self) -> int:
-        return self.inventory.cpu_milli
+    def signature(self) -> tuple[object, ...]:
+        """The node's GPUs as placement sees them, without identity: nodes with equal
+        signatures fit and score a GPU-only request alike (memoised per version)."""
+        memo = self._signature
+        if memo is None or memo[0] != self.version:
+            positions = self.positions
+            signature = tuple(
+                (
+                    *g.state_key(),
+                    g.memory_mib,
+                    g.slots,
+                    g.device.numa_node,
+                    tuple(sorted(positions[p] for p in g.device.nvlink_peers if p in positions)),
+                )
+                for g in self.gpus
+            )
+            memo = self._signature = (self.version, signature)
+        return memo[1]
 
-    @property
-    def host_memory_mib(self) -> int:
-        return self.inventory.host_memory_mib
+    def free_cores(self) -> tuple[int, ...]:
+        """Free compute of the GPUs that could take one more slice, largest first (memoised
+        per version): a quick bound on what fits."""
+        memo = self._free_cores
+        if memo is None or memo[0] != self.version:
+            free = sorted(
+                (FULL_COMPUTE - g.used.cores for g in self.gpus if g.healthy and g.free_slots > 0),
+                reverse=True,
+            )
+            memo = self._free_cores = (self.version, tuple(free))
+        return memo[1]
 
     def touch(self) -> None:
         self.version += 1
@@ -151,6 +196,11 @@ class ClusterState:
         self._clock = clock
         self._nodes: dict[str, NodeState] = {}
         self.capacity_version = 0  # bumps when any node's GPUs change: never-fits caches
+        # Cluster-wide, kept up to date per change: idle nodes by GPU count, free compute
+        # in GPUs' worth (what policies weigh against keeping whole nodes free).
+        self.idle_nodes: dict[int, int] = {}
+        self.free_gpus = 0.0
+        self._classes: tuple[int, list[NodeState]] | None = None
 
     # -- inventory ------------------------------------------------------------------------
 
@@ -197,9 +247,19 @@ class ClusterState:
                     gpu.used = old.used
             node.used_cpu_milli = previous.used_cpu_milli
             node.used_memory_mib = previous.used_memory_mib
+        if previous is not None:
+            self._account(previous, -1)
         self._nodes[inventory.node] = node
+        self._account(node, 1)
         self.capacity_version += 1
         return True
+
+    def _account(self, node: NodeState, sign: int) -> None:
+        """Add (1) or remove (-1) the node's part of the cluster-wide figures."""
+        if all(not g.used.slots for g in node.gpus):
+            size = len(node.gpus)
+            self.idle_nodes[size] = self.idle_nodes.get(size, 0) + sign
+        self.free_gpus += sign * sum(FULL_COMPUTE - g.used.cores for g in node.gpus) / FULL_COMPUTE
 
     def _gpu_state(self, gpu: GpuDevice, scaling: float) -> GpuState:
         base = max(0, gpu.memory_mib - self.capacity.memory_reserve_mib)
@@ -219,21 +279,25 @@ class ClusterState:
         state = self._nodes.get(node)
         if state is None:
             return  # unknown node: the ledger keeps the charge; applied when it reports
+        self._account(state, -1)
         for uuid, charge in charges.items():
             gpu = state.by_uuid.get(uuid)
             if gpu is not None:
                 gpu.used = gpu.used + charge if sign > 0 else gpu.used - charge
         state.used_cpu_milli += sign * cpu_milli
         state.used_memory_mib += sign * memory_mib
+        self._account(state, 1)
         state.touch()
 
     def reset_usage(self, node: str) -> None:
         state = self._nodes.get(node)
         if state is None:
             return
+        self._account(state, -1)
         for gpu in state.gpus:
             gpu.used = Charge()
         state.used_cpu_milli = state.used_memory_mib = 0
+        self._account(state, 1)
         state.touch()
 
     # -- views ----------------------------------------------------------------------------
@@ -285,6 +349,16 @@ class ClusterState:
 
     def states(self) -> Iterable[NodeState]:
         return self._nodes.values()
+
+    def capacity_classes(self) -> list[NodeState]:
+        """One node of each capacity signature: every idle node is like one of these."""
+        memo = self._classes
+        if memo is None or memo[0] != self.capacity_version:
+            classes: dict[tuple[object, ...], NodeState] = {}
+            for node in self._nodes.values():
+                classes.setdefault(node.capacity_signature, node)
+            memo = self._classes = (self.capacity_version, list(classes.values()))
+        return memo[1]
 
     def nodes(self) -> list[str]:
         return sorted(self._nodes)

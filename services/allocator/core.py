@@ -9,7 +9,8 @@ policies that read the workload mix, by the mix snapshot: a bind invalidates one
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,11 +21,12 @@ from .cluster import ClusterState, NodeState
 from .fragmentation import Shape, WorkloadMix
 from .ledger import Ledger
 from .placement import NodePlacement, NoFit, describe_request, host_problem, need_text, place_pod
-from .pod_request import NUMA_BIND, PodRequest, parse_pod
+from .pod_request import NUMA_BIND, PodRequest, Selection, parse_pod
 from .policies import MAX_SCORE, POLICIES, Policy, ScoreContext
 
 DEFAULT_POLICY = "hostpack"  # measured best on the openb trace: docs/simulate.md
 MIX_REFRESH_PER_CALL = 16  # cached scores refreshed per call after the mix moved
+SHARED_RESULTS_LIMIT = 200_000  # results kept per node signature before starting afresh
 
 
 @dataclass
@@ -55,15 +57,22 @@ def pod_ref(pod: Mapping[str, Any]) -> PodRef:
 
 @dataclass(frozen=True)
 class _Unfit:
-    reason: str
+    node: str
+    detail: str
     forever: bool  # even idle and healthy, this node could not hold it
+
+    @property
+    def reason(self) -> str:
+        where = " can never hold it" if self.forever else ""
+        return f"node {self.node!r}{where}: {self.detail}"
 
 
 @dataclass(frozen=True)
 class _Fit:
-    placement: NodePlacement
+    placement: NodePlacement | None  # None: scored on an equivalent node; placed on demand
     raw_score: float
     score10: int  # absolute_scores of raw_score, for policies whose scores are absolute
+    host_view: object = None  # what the node policy's host_score needs of the placement
 
 
 class Unplaceable(Exception):
@@ -95,7 +104,12 @@ class PlacementCore:
         self.request_config = request_config
         self.mix = mix or WorkloadMix()
         self._never: dict[tuple[object, ...], str | None] = {}
+        # Results by (pod shape, node signature): equivalent nodes are evaluated once.
+        self._shared: dict[tuple[object, ...], tuple[int, _Fit | _Unfit]] = {}
         self._shape_ids: dict[tuple[object, ...], int] = {}
+        self._next_shape_id = 0
+        self._allows_all: dict[tuple[Selection, tuple[str, ...]], bool] = {}
+        self._capacity: dict[tuple[object, ...], NoFit | None] = {}
         self._refresh_budget = MIX_REFRESH_PER_CALL
 
     # -- requests -------------------------------------------------------------------------
@@ -121,13 +135,26 @@ class PlacementCore:
         to hash once per node. The call's refresh budget is reset here too."""
         self._refresh_budget = MIX_REFRESH_PER_CALL
         self._call_mix_version = self._mix_version(pod)
-        shape_id = self._shape_ids.get(pod.shape)
+        names = tuple(p.name for p in self.policies_of(pod))
+        selection = pod.selection
+        # On a node whose every GPU the pod's model selection allows, it places exactly as
+        # the same pod without a selection: such nodes share that pod's results.
+        self._call_open_key = (
+            (self._shape_id((pod.containers, Selection(), *pod.shape[2:])), *names)
+            if (selection.use_types or selection.nouse_types)
+            and not (selection.use_uuids or selection.nouse_uuids)
+            else None
+        )
+        return (self._shape_id(pod.shape), *names)  # type: ignore[return-value]
+
+    def _shape_id(self, shape: tuple[object, ...]) -> int:
+        shape_id = self._shape_ids.get(shape)
         if shape_id is None:
             if len(self._shape_ids) > 100_000:
-                self._shape_ids.clear()
-            shape_id = self._shape_ids[pod.shape] = len(self._shape_ids)
-        node_policy, gpu_policy = self.policies_of(pod)
-        return (shape_id, node_policy.name, gpu_policy.name)
+                self._shape_ids.clear()  # ids keep counting up: old cache entries never match
+            shape_id = self._shape_ids[shape] = self._next_shape_id
+            self._next_shape_id += 1
+        return shape_id
 
     def _mix_version(self, pod: PodRequest) -> int:
         if any(getattr(p, "uses_mix", False) for p in self.policies_of(pod)):
@@ -146,9 +173,7 @@ class PlacementCore:
             problem = host_problem(node, pod)
             if problem is not None:
                 forever = host_problem(node, pod, empty=True) is not None
-                if forever:
-                    return _Unfit(f"node {node.name!r} can never hold it: {problem}", True)
-                return _Unfit(f"node {node.name!r}: {problem}", False)
+                return _Unfit(node.name, problem, forever)
         if key is None:
             key = self._key(pod)
         mix_version = self._call_mix_version
@@ -160,35 +185,91 @@ class PlacementCore:
                 return cached[2]  # type: ignore[no-any-return]
             self._refresh_budget -= 1
         node_policy, gpu_policy = self.policies_of(pod)
+        shared_key: tuple[object, ...] | None = None
+        if (
+            getattr(node_policy, "gpu_state_only", False)
+            and getattr(gpu_policy, "gpu_state_only", False)
+            and not (pod.selection.use_uuids or pod.selection.nouse_uuids)
+        ):
+            open_key = self._call_open_key
+            if open_key is not None and self._allows_every_gpu(pod.selection, node):
+                shared_key = (open_key, node.signature())
+            else:
+                shared_key = (key, node.signature())
+            shared = self._shared.get(shared_key)
+            if shared is not None and (shared[0] == mix_version or type(shared[1]) is _Unfit):
+                result = shared[1]
+                if type(result) is _Unfit:
+                    result = dataclasses.replace(result, node=node.name)
+                node.cache[key] = (node.version, mix_version, result)
+                return result
+        result = self._place_and_score(node, pod, node_policy, gpu_policy)
+        node.cache[key] = (node.version, mix_version, result)
+        if shared_key is not None:
+            if len(self._shared) > SHARED_RESULTS_LIMIT:
+                self._shared.clear()
+            # Fits are shared without the placement: it names this node's GPUs.
+            shared_result = (
+                result if type(result) is _Unfit else dataclasses.replace(result, placement=None)
+            )
+            self._shared[shared_key] = (mix_version, shared_result)
+        return result
+
+    def _allows_every_gpu(self, selection: Selection, node: NodeState) -> bool:
+        memo_key = (selection, node.models)
+        allowed = self._allows_all.get(memo_key)
+        if allowed is None:
+            if len(self._allows_all) > 10_000:
+                self._allows_all.clear()
+            allowed = all(selection.allows_model(m) for m in node.models)
+            self._allows_all[memo_key] = allowed
+        return allowed
+
+    def _place_and_score(
+        self, node: NodeState, pod: PodRequest, node_policy: Policy, gpu_policy: Policy
+    ) -> _Fit | _Unfit:
         ctx = ScoreContext(self.mix.snapshot())
-        result: _Fit | _Unfit
         try:
             placement = place_pod(node, pod, gpu_policy, ctx)
-            raw = node_policy.node_score(ctx, placement.trial, pod)
-            result = _Fit(placement, raw, max(0, min(MAX_SCORE, round(MAX_SCORE * raw))))
         except NoFit as exc:
             problem = self._capacity_problem(node, pod)
             if problem is not None:
-                result = _Unfit(f"node {node.name!r} can never hold it: {problem}", True)
-            else:
-                result = _Unfit(f"node {node.name!r}: {exc}", False)
-        node.cache[key] = (node.version, mix_version, result)
-        return result
+                return _Unfit(node.name, str(problem), True)
+            return _Unfit(node.name, str(exc), False)
+        raw = node_policy.node_score(ctx, placement.trial, pod)
+        host_view = getattr(node_policy, "host_view", None)
+        return _Fit(
+            placement,
+            raw,
+            max(0, min(MAX_SCORE, round(MAX_SCORE * raw))),
+            None if host_view is None else host_view(placement.trial),
+        )
 
     def _capacity_problem(self, node: NodeState, pod: PodRequest) -> NoFit | None:
+        """Why the pod could never fit the node, even idle and healthy (None: it could)."""
+        by_uuid = pod.selection.use_uuids or pod.selection.nouse_uuids
+        memo_key = (pod.shape, node.capacity_signature, tuple(node.positions) if by_uuid else ())
+        if memo_key in self._capacity:
+            return self._capacity[memo_key]
+        problem = None
         try:
             place_pod(node, pod, self.policies["binpack"], ScoreContext(self.mix.snapshot()), True)
         except NoFit as exc:
-            return exc
-        return None
+            problem = exc
+        if len(self._capacity) > 100_000:
+            self._capacity.clear()
+        self._capacity[memo_key] = problem
+        return problem
 
-    def _raw(self, fit: _Fit, pod: PodRequest) -> float:
-        """The cached raw score, plus the uncached host part of policies that have one (their
-        score depends on the pod's CPU, which cache keys leave out)."""
+    def _scorer(self, pod: PodRequest) -> Callable[[_Fit, NodeState], float]:
+        """The node policy's exact score of a fit: the cached raw score, plus the uncached
+        host part of policies that have one (it depends on the pod's CPU, which cache keys
+        leave out)."""
         host_score = getattr(self.policies_of(pod)[0], "host_score", None)
         if host_score is None:
-            return fit.raw_score
-        return fit.raw_score + host_score(fit.placement.trial, pod)  # type: ignore[no-any-return]
+            return lambda fit, node: fit.raw_score
+        ctx = ScoreContext(self.mix.snapshot(), self.cluster)
+        return lambda fit, node: fit.raw_score + host_score(ctx, node, fit.host_view, pod)
 
     def placement(self, pod: PodRequest, node_name: str) -> NodePlacement:
         """Where the pod's slices would go on `node_name` now; Unplaceable when they can't."""
@@ -199,6 +280,11 @@ class PlacementCore:
         result = self._evaluate(node, pod)
         if isinstance(result, _Unfit):
             raise Unplaceable(result.reason)
+        if result.placement is None:  # scored on an equivalent node: place it on this one
+            node_policy, gpu_policy = self.policies_of(pod)
+            result = self._place_and_score(node, pod, node_policy, gpu_policy)
+            assert type(result) is _Fit and result.placement is not None
+            node.cache[self._key(pod)] = (node.version, self._call_mix_version, result)
         return result.placement
 
     # -- cluster-wide ---------------------------------------------------------------------
@@ -218,42 +304,16 @@ class PlacementCore:
         states = list(self.cluster.states())
         if not states or not pod.containers:
             return None
-        memo: dict[tuple[object, ...], bool] = {}
+        by_uuid = pod.selection.use_uuids or pod.selection.nouse_uuids
+        # Without UUIDs in the selection, a node's identity does not matter: one of each kind.
+        candidates = states if by_uuid else self.cluster.capacity_classes()
 
         def fits_somewhere(candidate: PodRequest) -> bool:
-            for node in states:
-                signature = (
-                    candidate.shape,
-                    tuple(
-                        (
-                            g.device.model,
-                            g.base_memory_mib,
-                            g.memory_mib,
-                            g.slots,
-                            g.device.numa_node,
-                        )
-                        + (
-                            (g.uuid,)
-                            if candidate.selection.use_uuids or candidate.selection.nouse_uuids
-                            else ()
-                        )
-                        for g in node.gpus
-                    ),
-                    node.cpu_milli,
-                    node.host_memory_mib,
-                    candidate.cpu_milli,
-                    candidate.memory_mib,
-                )
-                found = memo.get(signature)
-                if found is None:
-                    found = (
-                        host_problem(node, candidate, empty=True) is None
-                        and self._capacity_problem(node, candidate) is None
-                    )
-                    memo[signature] = found
-                if found:
-                    return True
-            return False
+            return any(
+                host_problem(node, candidate, empty=True) is None
+                and self._capacity_problem(node, candidate) is None
+                for node in candidates
+            )
 
         selection = pod.selection.describe()
         allowed = f" allowed by {selection}" if selection else ""
@@ -292,6 +352,47 @@ class PlacementCore:
 
     # -- the verbs ------------------------------------------------------------------------
 
+    def _results(
+        self,
+        pod: PodRequest,
+        names: Iterable[str],
+        reasons: bool = True,
+        refresh: int = MIX_REFRESH_PER_CALL,
+    ) -> Iterator[tuple[str, NodeState | None, _Fit | _Unfit | None]]:
+        """Each named node with the pod's fit and score there (None: unknown or silent node),
+        from the node's cache while it has not changed: the hot path of every verb. Without
+        `reasons`, nodes short of CPU or memory are skipped instead of explained."""
+        key = self._key(pod)
+        self._refresh_budget = refresh
+        mix_version = self._call_mix_version
+        cpu, memory = pod.cpu_milli, pod.memory_mib
+        fresh_since, get = self.cluster.fresh_since(), self.cluster.lookup()
+        evaluate = self._evaluate
+        # One container: it needs `gpus` GPUs with `cores` free each (a bound, not the fit).
+        single = pod.containers[0] if len(pod.containers) == 1 and not reasons else None
+        for name in names:
+            node = get(name)
+            if node is None or node.received_at < fresh_since:
+                yield name, None, None
+                continue
+            if single is not None and single.gpus:
+                room = node.free_cores()
+                if len(room) < single.gpus or room[single.gpus - 1] < single.cores:
+                    continue
+            if (cpu and node.cpu_milli and cpu > node.cpu_milli - node.used_cpu_milli) or (
+                memory
+                and node.host_memory_mib
+                and memory > node.host_memory_mib - node.used_memory_mib
+            ):
+                if reasons:
+                    yield name, node, evaluate(node, pod, key)
+                continue
+            cached: Any = node.cache.get(key)
+            if cached is not None and cached[0] == node.version and cached[1] == mix_version:
+                yield name, node, cached[2]
+            else:
+                yield name, node, evaluate(node, pod, key)
+
     def filter(self, pod: PodRequest, node_names: Iterable[str]) -> FilterOutcome:
         """Which nodes could take the pod now; reasons for the others."""
         names = list(dict.fromkeys(node_names))
@@ -303,24 +404,12 @@ class PlacementCore:
         if never:
             outcome.unresolvable = dict.fromkeys(names, never)
             return outcome
-        nodes = self.cluster
-        key = self._key(pod)
-        fresh_since, get = nodes.fresh_since(), nodes.lookup()
-        fast = not (pod.cpu_milli or pod.memory_mib)
-        mix_version = self._call_mix_version
-        passed = outcome.passed
-        for name in names:
-            node = get(name)
-            if node is None or node.received_at < fresh_since:
-                outcome.failed[name] = nodes.status(name).reason
-                continue
-            cached = node.cache.get(key) if fast else None
-            if cached is not None and cached[0] == node.version and cached[1] == mix_version:
-                result = cached[2]  # the hot path: this node did not change since
-            else:
-                result = self._evaluate(node, pod, key)
-            if type(result) is _Fit:
-                passed.append(name)
+        status = self.cluster.status
+        for name, _, result in self._results(pod, names):
+            if result is None:
+                outcome.failed[name] = status(name).reason
+            elif type(result) is _Fit:
+                outcome.passed.append(name)
             elif result.forever:
                 outcome.unresolvable[name] = result.reason
             else:
@@ -329,53 +418,27 @@ class PlacementCore:
 
     def raw_scores(self, pod: PodRequest, node_names: Iterable[str]) -> dict[str, float]:
         """The node policy's own scores (higher is better) of the nodes that can take the pod."""
-        raw: dict[str, float] = {}
         if not pod.containers:
-            return raw
-        nodes = self.cluster
-        key = self._key(pod)
-        fresh_since, get = nodes.fresh_since(), nodes.lookup()
-        fast = not (pod.cpu_milli or pod.memory_mib)
-        mix_version = self._call_mix_version
-        for name in dict.fromkeys(node_names):
-            node = get(name)
-            if node is None or node.received_at < fresh_since:
-                continue
-            cached = node.cache.get(key) if fast else None
-            if cached is not None and cached[0] == node.version and cached[1] == mix_version:
-                result = cached[2]
-            else:
-                result = self._evaluate(node, pod, key)
-            if type(result) is _Fit:
-                raw[name] = self._raw(result, pod)
-        return raw
+            return {}
+        score = self._scorer(pod)
+        return {
+            name: score(result, node)  # type: ignore[arg-type]
+            for name, node, result in self._results(pod, dict.fromkeys(node_names), False)
+            if type(result) is _Fit
+        }
 
     def prioritize(self, pod: PodRequest, node_names: Iterable[str]) -> dict[str, int]:
         """Scores 0..10 by the pod's node policy; 0 for nodes that cannot take it."""
         names = list(dict.fromkeys(node_names))
         node_policy, _ = self.policies_of(pod)
+        scores = dict.fromkeys(names, 0)
         if not getattr(node_policy, "absolute", False) or not pod.containers:
-            scores = dict.fromkeys(names, 0)
             scores.update(node_policy.to_scores(self.raw_scores(pod, names)))
             return scores
         # Absolute 0..10 scores are cached per node with the fit: one pass, no rescaling.
-        key = self._key(pod)
-        nodes = self.cluster
-        fresh_since, get = nodes.fresh_since(), nodes.lookup()
-        fast = not (pod.cpu_milli or pod.memory_mib)
-        mix_version = self._call_mix_version
-        scores = {}
-        for name in names:
-            node = get(name)
-            if node is None or node.received_at < fresh_since:
-                scores[name] = 0
-                continue
-            cached = node.cache.get(key) if fast else None
-            if cached is not None and cached[0] == node.version and cached[1] == mix_version:
-                result = cached[2]
-            else:
-                result = self._evaluate(node, pod, key)
-            scores[name] = result.score10 if type(result) is _Fit else 0
+        for name, _, result in self._results(pod, names, False):
+            if type(result) is _Fit:
+                scores[name] = result.score10
         return scores
 
     def best_node(self, pod: PodRequest, node_names: Sequence[str] | None = None) -> str | None:
@@ -389,20 +452,16 @@ class PlacementCore:
         if self.never_fits(pod):
             return None
         # One pass (filter + raw_scores would evaluate every passing node twice).
-        key = self._key(pod)
-        self._refresh_budget = 2 * MIX_REFRESH_PER_CALL  # as filter + raw_scores would refresh
-        fresh_since, get = self.cluster.fresh_since(), self.cluster.lookup()
-        best: tuple[float, str] | None = None
-        for name in dict.fromkeys(names):
-            node = get(name)
-            if node is None or node.received_at < fresh_since:
-                continue
-            result = self._evaluate(node, pod, key)
+        # As filter + raw_scores would refresh.
+        results = self._results(pod, dict.fromkeys(names), False, 2 * MIX_REFRESH_PER_CALL)
+        score = self._scorer(pod)
+        best_score, best_name = -math.inf, ""
+        for name, node, result in results:
             if type(result) is _Fit:
-                candidate = (-self._raw(result, pod), name)
-                if best is None or candidate < best:
-                    best = candidate
-        return None if best is None else best[1]
+                value = score(result, node)  # type: ignore[arg-type]
+                if value > best_score or (value == best_score and name < best_name):
+                    best_score, best_name = value, name
+        return best_name or None
 
     def commit(
         self, ref: PodRef, node_name: str, pod: PodRequest, traceparent: str = ""

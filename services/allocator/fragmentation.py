@@ -65,11 +65,26 @@ class MixSnapshot:
     shapes: tuple[Shape, ...]
     probs: tuple[float, ...]
     _profiles: dict[GpuKey, tuple[int, float, float]] = field(default_factory=dict)
+    _at_least: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         pairs = list(enumerate(zip(self.shapes, self.probs, strict=True)))
         self.multi = [(bit, s.gpus, p) for bit, (s, p) in pairs if s.gpus > 1]
         self.single_bits = sum(1 << b for b, s in enumerate(self.shapes) if s.gpus == 1)
+
+    def gpu_share_at_least(self, gpus: int) -> float:
+        """The share of the GPU demand that asks for at least `gpus` GPUs per container
+        (a share of one GPU counts as that fraction of a GPU)."""
+        found = self._at_least.get(gpus)
+        if found is None:
+            demand = [
+                p * s.gpus * (s.cores / FULL_COMPUTE if s.gpus == 1 and s.cores else 1)
+                for s, p in zip(self.shapes, self.probs, strict=True)
+            ]
+            total = sum(demand)
+            large = sum(d for s, d in zip(self.shapes, demand, strict=True) if s.gpus >= gpus)
+            found = self._at_least[gpus] = large / total if total else 0.0
+        return found
 
     def profile(self, key: GpuKey) -> tuple[int, float, float]:
         """(mask of shapes this GPU can host one slice of, free share, weight of the others)."""

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .cluster import FULL_COMPUTE, Charge, GpuState, NodeState
+from .cluster import FULL_COMPUTE, Charge, ClusterState, GpuState, NodeState
 from .fragmentation import MixSnapshot, expected_increase, free_share
 from .pod_request import PodRequest
 
@@ -33,7 +33,6 @@ class Trial:
     extra: dict[str, Charge] = field(default_factory=dict)
     empty: bool = False  # capacity checks: as if nothing were placed and every GPU healthy
     _profiles: tuple[int, list[tuple[int, float, float]]] | None = field(default=None, repr=False)
-    host_memo: tuple[float, float] | None = field(default=None, repr=False)  # HostPack's
 
     def changed(self) -> None:
         """`extra` changed: forget derived views."""
@@ -67,6 +66,7 @@ class Trial:
 @dataclass(frozen=True)
 class ScoreContext:
     mix: MixSnapshot
+    cluster: ClusterState | None = None  # cluster-wide figures, for host_score
 
 
 class Policy(Protocol):
@@ -130,6 +130,7 @@ class Binpack:
 
     name = "binpack"
     absolute = True  # to_scores is absolute_scores: cached per node
+    gpu_state_only = True  # scores read only GPU states: equivalent nodes share them
 
     def gpu_score(self, ctx, trial, gpus, adds) -> float:  # type: ignore[no-untyped-def]
         return _fullness(trial, gpus, adds)
@@ -146,6 +147,7 @@ class Spread:
 
     name = "spread"
     absolute = True  # to_scores is absolute_scores: cached per node
+    gpu_state_only = True  # scores read only GPU states: equivalent nodes share them
 
     def gpu_score(self, ctx, trial, gpus, adds) -> float:  # type: ignore[no-untyped-def]
         return 1.0 - _fullness(trial, gpus, adds)
@@ -166,6 +168,7 @@ class Topology:
 
     name = "topology"
     absolute = True  # to_scores is absolute_scores: cached per node
+    gpu_state_only = True  # scores read only GPU states: equivalent nodes share them
 
     @staticmethod
     def _linked_share(gpus: Sequence[GpuState]) -> float:
@@ -192,6 +195,7 @@ class Fgd:
 
     name = "fgd"
     uses_mix = True  # scores depend on the workload mix: caches refresh when it moves
+    gpu_state_only = True
 
     def gpu_score(self, ctx, trial, gpus, adds) -> float:  # type: ignore[no-untyped-def]
         mix = ctx.mix
@@ -223,9 +227,12 @@ class HostPack(Binpack):
     when the free CPU per usable GPU is below `starved_cpu_per_gpu_milli` (only the lightest
     pods could still use them). A node scores its
     binpack fullness minus `weight` x the growth of its stranded GPUs, so CPU-heavy pods go
-    where CPU is plentiful and CPU-light ones fill CPU-poor nodes. Without CPU capacity hints
-    (a real node agent sends none) this is binpack exactly. Measured on the openb trace with
-    `vgpu simulate`: docs/simulate.md.
+    where CPU is plentiful and CPU-light ones fill CPU-poor nodes. Opening an idle node earns
+    no such credit while idle nodes of its size hold fewer GPUs than `whole_node_weight` x
+    the recent demand share of pods asking for that many GPUs x the cluster's free GPUs:
+    those pods need whole nodes. Without CPU capacity hints (a real node agent sends none)
+    this is binpack exactly. Measured on the openb trace with `vgpu simulate`:
+    docs/simulate.md.
     """
 
     name = "hostpack"
@@ -237,11 +244,13 @@ class HostPack(Binpack):
         starved_cpu_per_gpu_milli: int = 8000,
         weight: float = 10.0,
         min_share: float = 0.2,
+        whole_node_weight: float = 2.0,
     ) -> None:
         self.cpu_per_gpu_milli = cpu_per_gpu_milli  # openb GPU pods: median 11,400, mean 12,070
         self.starved_cpu_per_gpu_milli = starved_cpu_per_gpu_milli
         self.weight = weight
         self.min_share = min_share
+        self.whole_node_weight = whole_node_weight
 
     def usable(self, key: tuple[object, ...]) -> float:
         share = free_share(key)
@@ -255,21 +264,35 @@ class HostPack(Binpack):
 
     # node_score (binpack's, GPU state only) is cached per node and pod shape; the CPU part
     # depends on the pod's CPU, which the shape leaves out, so the core adds host_score
-    # uncached (PlacementCore._raw), from what is memoised on the cached trial.
-    def host_score(self, trial: Trial, pod: PodRequest) -> float:
-        node = trial.node
-        if not node.cpu_milli or trial.empty:
+    # uncached (PlacementCore._raw) to the usable free GPUs host_view cached with the fit.
+    def host_view(self, trial: Trial) -> tuple[float, float, bool]:
+        """The node's usable free GPUs before and after the pod, and whether it was idle."""
+        before = after = 0.0
+        idle = True
+        for gpu in trial.node.gpus:
+            share = self.usable(gpu.state_key())
+            before += share
+            after += self.usable(trial.key(gpu)) if gpu.uuid in trial.extra else share
+            idle = idle and not gpu.used.slots
+        return before, after, idle
+
+    def host_score(
+        self, ctx: ScoreContext, node: NodeState, view: tuple[float, float, bool], pod: PodRequest
+    ) -> float:
+        if not node.cpu_milli:
             return 0.0
-        usable = trial.host_memo
-        if usable is None:
-            before = after = 0.0
-            for gpu in node.gpus:
-                share = self.usable(gpu.state_key())
-                before += share
-                after += self.usable(trial.key(gpu)) if gpu.uuid in trial.extra else share
-            usable = trial.host_memo = (before, after)
+        before, after, idle = view
         cpu = node.cpu_milli - node.used_cpu_milli
-        growth = self.stranded(usable[1], cpu - pod.cpu_milli) - self.stranded(usable[0], cpu)
+        stranded_before = self.stranded(before, cpu)
+        if idle and self.whole_node_weight and ctx.cluster is not None:
+            # Idle nodes are what whole-node pods need: keep as many GPUs on idle nodes as
+            # whole-node pods are expected to ask of the free GPUs; below that, opening an
+            # idle node earns nothing for the CPU it would feed.
+            size = len(node.gpus)
+            whole = ctx.mix.gpu_share_at_least(size) * ctx.cluster.free_gpus
+            if (ctx.cluster.idle_nodes.get(size, 0) - 1) * size < self.whole_node_weight * whole:
+                stranded_before = 0.0
+        growth = self.stranded(after, cpu - pod.cpu_milli) - stranded_before
         return -self.weight * growth
 
     def to_scores(self, raw: Mapping[str, float]) -> dict[str, int]:

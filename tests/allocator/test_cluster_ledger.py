@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from services.allocator.cluster import CapacityConfig, Charge, ClusterState
 from services.allocator.ledger import Ledger
 from services.common.schemas import ContainerAllocation, GpuSlice, PodAllocation
@@ -114,3 +116,17 @@ def test_usage_survives_an_inventory_change() -> None:
     assert cluster.update(node_inventory("n", count=2)) is True
     ledger.reapply("n")
     assert cluster.node("n").by_uuid["GPU-n-0"].used.memory_mib == 5  # type: ignore[union-attr]
+
+
+def test_idle_nodes_and_free_gpus_follow_every_charge() -> None:
+    cluster = ClusterState(15)
+    for name, count in (("a", 2), ("b", 4)):
+        cluster.update(node_inventory(name, count))
+    assert cluster.idle_nodes == {2: 1, 4: 1} and cluster.free_gpus == 6
+    cluster.charge("b", {"GPU-b-0": Charge(1000, 30, 1)}, 0, 0, 1)
+    assert cluster.idle_nodes == {2: 1, 4: 0} and cluster.free_gpus == 5.7
+    cluster.update(msgspec.structs.replace(node_inventory("b", 4), cpu_milli=8000))
+    assert cluster.idle_nodes == {2: 1, 4: 0}, "a new inventory keeps the node's usage"
+    cluster.charge("b", {"GPU-b-0": Charge(1000, 30, 1)}, 0, 0, -1)
+    cluster.reset_usage("a")
+    assert cluster.idle_nodes == {2: 1, 4: 1} and cluster.free_gpus == 6

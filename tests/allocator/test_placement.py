@@ -217,3 +217,29 @@ def test_node_capacity_hints_bound_cpu_and_memory_when_reported() -> None:
     assert "the pod needs 5000m CPU" in never.unresolvable["n"]
     assert "largest node: 4000m CPU" in never.unresolvable["n"]
     assert core.filter(core.parse(cpu_pod("d", "500m")), ["n"]).passed == ["n"]
+
+
+def test_equivalent_nodes_share_a_result_but_each_gets_its_own_gpus_and_reasons() -> None:
+    core = make_core(node("a", count=2), node("b", count=2), node("c", count=1))
+    big = core.parse(pod("big", [container("m", gpus=2, mem=1000)]))
+    # b is scored from a's result (same signature): it still places on b's own GPUs.
+    assert core.filter(big, ["a", "b", "c"]).passed == ["a", "b"]
+    assert core._shared, "equivalent nodes should have shared one evaluation"
+    assert place(core, pod("big", [container("m", gpus=2, mem=1000)]), on="b") == {
+        "m": ["GPU-b-0", "GPU-b-1"]
+    }
+    # An unfit result shared between a and an equivalent node names each node.
+    core.cluster.update(node("d", count=2))
+    place(core, pod("fill-a", [container("m", gpus=2, mem=A100_MIB)]), on="a")
+    place(core, pod("fill-d", [container("m", gpus=2, mem=A100_MIB)]), on="d")
+    failed = core.filter(big, ["a", "d"]).failed
+    assert failed["a"].startswith("node 'a':") and failed["d"].startswith("node 'd':")
+    assert "0 of 2 GPUs have that room" in failed["d"]
+
+
+def test_uuid_selection_is_never_shared_between_equivalent_nodes() -> None:
+    core = make_core(node("a", count=1), node("b", count=1))
+    only_b = pod("p", [container("m", mem=1000)])
+    only_b["metadata"]["annotations"] = {"nvidia.com/use-gpuuuid": "GPU-b-0"}
+    outcome = core.filter(core.parse(only_b), ["a", "b"])
+    assert outcome.passed == ["b"] and "a" in outcome.unresolvable

@@ -137,3 +137,17 @@ def test_hostpack_is_binpack_without_cpu_hints() -> None:
         cluster = Cluster(policy, nodes)
         cluster.put(pod(500), "b")
         assert cluster.place(pod(300)) == ("b", [0]), policy
+
+
+def test_hostpack_keeps_idle_nodes_while_whole_node_pods_are_in_demand() -> None:
+    # "idle" has too little CPU for its 2 GPUs (20 cores): feeding it a CPU-light slice
+    # unstrands some of them, which hostpack rewards, unless whole-node pods need the node.
+    nodes = [node("idle", 2, cpu=20000), node("used", 2, cpu=64000)]
+    light = pod(300, cpu=2000)
+    for whole_node_pods_seen, expected in ((0, "idle"), (5, "used")):
+        cluster = Cluster("hostpack", nodes)
+        for _ in range(whole_node_pods_seen):  # the recent mix: pods asking for 2 GPUs
+            cluster.core.observe(cluster.core.parse(manifest(pod(1000, gpus=2), "seen")))
+        cluster.put(pod(500), "used")
+        assert cluster.core.cluster.idle_nodes == {2: 1}
+        assert cluster.place(light)[0] == expected, whole_node_pods_seen
