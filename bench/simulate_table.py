@@ -14,12 +14,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 from bench.report import write_section
 from services.allocator.core import DEFAULT_POLICY
-from services.simulate.replay import ReplayResult, mean_results, policy_names
+from services.simulate.replay import (
+    ReplayResult,
+    from_record,
+    mean_results,
+    policy_names,
+    to_record,
+)
 from services.simulate.report import plot
 from services.simulate.runner import Job, run_jobs
 
@@ -48,7 +53,9 @@ def _row(file: str, merged: dict[str, object], seeds: int) -> str:
     )
 
 
-def _markdown(rows: list[str], args: argparse.Namespace, missing: list[str], took: float) -> str:
+def _markdown(
+    rows: list[str], args: argparse.Namespace, missing: list[str], replays: int, took: float
+) -> str:
     rest = ""
     if missing:
         rest = (
@@ -61,7 +68,8 @@ def _markdown(rows: list[str], args: argparse.Namespace, missing: list[str], too
     return f"""### `vgpu simulate` on the openb trace (issue 8)
 
 `.venv/bin/python -m bench.simulate_table --seeds {args.seeds} --other-seeds {args.other_seeds}
---workers {args.workers}` ({took / 60:.0f} min). Every GPU node of
+--workers {args.workers} --policies {",".join(args.policies)} --other-policies
+{args.other_policies}` ({replays} replays, {took / 60:.0f} CPU-minutes). Every GPU node of
 `openb_node_list_gpu_node.csv` (1,213 nodes, 6,212 GPUs); each pod file shuffled with seeds
 0..N-1 and drawn until GPU demand reaches 130% of capacity (Weng et al., USENIX ATC'23, the
 paper's method); each GPU pod through `PlacementCore` (`best_node` + `commit`), CPU-only pods
@@ -78,6 +86,16 @@ Published at 130% on `default` (paper's simulator, mean of 10 seeds):
 {chr(10).join(rows)}{rest}"""
 
 
+def _earlier(path: Path) -> dict[tuple[str, str, int], ReplayResult]:
+    """Replays of an earlier run, by (file, policy, seed); the last of duplicates wins."""
+    found = {}
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        if "curve" in record:  # written by this version
+            found[(record["file"], record["policy"], record["seed"])] = from_record(record)
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=10, help="seeds on the default file")
@@ -89,6 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace", type=Path, default=TRACE)
     parser.add_argument("--plot", type=Path, default=PLOT)
     parser.add_argument("--raw", type=Path, default=Path("/tmp/vgpu-simulate-table.jsonl"))
+    parser.add_argument(
+        "--reuse",
+        type=Path,
+        help="a --raw file of an earlier run (same code): its replays are not run again",
+    )
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
     args.policies = args.policies.split(",")
@@ -97,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trace not found under {args.trace}", file=sys.stderr)
         return 1
     files = args.files.split(",")
+    reused = _earlier(args.reuse) if args.reuse else {}
     rows: list[str] = []
-    started = time.perf_counter()
+    done_so_far: list[ReplayResult] = []
     raw = args.raw.open("a")
     for done, file in enumerate(files):
         pods = args.trace / f"openb_pod_list_{file}.csv"
@@ -108,18 +132,23 @@ def main(argv: list[str] | None = None) -> int:
         jobs = [Job(nodes, pods, p, s) for p in policies for s in range(seeds)]
 
         def log(job: Job, result: ReplayResult, file: str = file) -> None:
-            raw.write(json.dumps({"file": file, **result.to_json()}) + "\n")
+            raw.write(json.dumps({"file": file, **to_record(result)}) + "\n")
             raw.flush()
             print(f"{file} {json.dumps(result.to_json())} {result.seconds:.0f}s", flush=True)
 
-        results = run_jobs(jobs, workers=args.workers, on_done=log)
+        todo = [j for j in jobs if (file, j.policy, j.seed) not in reused]
+        fresh = iter(run_jobs(todo, workers=args.workers, on_done=log))
+        results = [reused.get((file, j.policy, j.seed)) or next(fresh) for j in jobs]
         for policy in policies:
             mine = [r for r in results if r.policy == policy]
             rows.append(_row(file, mean_results(mine), len(mine)))
         if default and args.plot:
             plot(results, args.plot, title="openb default, mean of seeds (vgpu simulate)")
         missing = [f for f in files[done + 1 :]]
-        markdown = _markdown(rows, args, missing, time.perf_counter() - started)
+        done_so_far.extend(results)
+        markdown = _markdown(
+            rows, args, missing, len(done_so_far), sum(r.seconds for r in done_so_far)
+        )
         if not args.no_write:
             write_section("simulate", markdown)
     print(markdown)

@@ -121,10 +121,11 @@ class ReplayResult:
     curve: list[tuple[float, float]] = field(default_factory=list)  # (demand, ratio)
     decision_ms: list[float] = field(default_factory=list)
     seconds: float = 0.0
+    recorded_ms: dict[float, float] = field(default_factory=dict)  # percentiles, from a record
 
     def percentile_ms(self, q: float) -> float:
         if not self.decision_ms:
-            return 0.0
+            return self.recorded_ms.get(q, 0.0)
         ordered = sorted(self.decision_ms)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
@@ -144,6 +145,36 @@ class ReplayResult:
             "decision_ms_p50": round(self.percentile_ms(0.50), 3),
             "decision_ms_p99": round(self.percentile_ms(0.99), 3),
         }
+
+
+def to_record(result: ReplayResult) -> dict[str, Any]:
+    """A replay as one JSON object: the JSON keys plus what tables and plots need."""
+    return {
+        **result.to_json(),
+        "capacity_gpus": result.capacity_gpus,
+        "pods": result.pods,
+        "seconds": round(result.seconds, 2),
+        "curve": result.curve,
+    }
+
+
+def from_record(record: dict[str, Any]) -> ReplayResult:
+    """The replay `to_record` wrote (latencies as their percentiles only)."""
+    return ReplayResult(
+        policy=record["policy"],
+        seed=record["seed"],
+        capacity_gpus=record["capacity_gpus"],
+        pods=record["pods"],
+        failed_pods=record["failed_pods"],
+        alloc_at={
+            level: record[f"alloc_at_{round(level * 100)}"] / 100
+            for level in CHECKPOINTS
+            if record.get(f"alloc_at_{round(level * 100)}") is not None
+        },
+        curve=[(demand, ratio) for demand, ratio in record["curve"]],
+        seconds=record["seconds"],
+        recorded_ms={0.5: record["decision_ms_p50"], 0.99: record["decision_ms_p99"]},
+    )
 
 
 def least_allocated(core: PlacementCore, request: PodRequest) -> str | None:

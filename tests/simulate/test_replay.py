@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 
@@ -10,10 +11,12 @@ from services.allocator.core import PodRef
 from services.simulate.replay import (
     ReplayResult,
     build_core,
+    from_record,
     manifest,
     mean_results,
     policy_names,
     replay,
+    to_record,
 )
 from services.simulate.runner import ProgressBar
 from services.simulate.trace import TraceNode, TracePod
@@ -112,6 +115,17 @@ def test_every_policy_replays_and_mean_results_average_seeds() -> None:
             results.append(result)
     merged = mean_results([r for r in results if r.policy == "fgd"])
     assert merged["seed"] == [0, 1] and list(merged)[2:] == JSON_KEYS[2:]
+
+
+def test_a_record_gives_back_the_same_json_curve_and_plot_data() -> None:
+    nodes = [node("a", gpus=2), node("b", gpus=2)]
+    file = [pod(300), pod(700), pod(1000, cpu=30000)]
+    result = replay(nodes, arrivals(file, gpu_capacity(nodes), 1.3, 2), "hostpack", 2)
+    record = json.loads(json.dumps(to_record(result)))  # as the table's raw file holds it
+    again = from_record(record)
+    assert again.to_json() == result.to_json()
+    assert again.curve == result.curve and again.seconds == round(result.seconds, 2)
+    assert mean_results([again]) == mean_results([result])
 
 
 def test_percentiles() -> None:
