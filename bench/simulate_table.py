@@ -112,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="a --raw file of an earlier run (same code): its replays are not run again",
     )
+    parser.add_argument(
+        "--no-run", action="store_true", help="only the --reuse replays: a table of what is done"
+    )
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
     args.policies = args.policies.split(",")
@@ -136,12 +139,15 @@ def main(argv: list[str] | None = None) -> int:
             raw.flush()
             print(f"{file} {json.dumps(result.to_json())} {result.seconds:.0f}s", flush=True)
 
+        if args.no_run:
+            jobs = [j for j in jobs if (file, j.policy, j.seed) in reused]
         todo = [j for j in jobs if (file, j.policy, j.seed) not in reused]
         fresh = iter(run_jobs(todo, workers=args.workers, on_done=log))
         results = [reused.get((file, j.policy, j.seed)) or next(fresh) for j in jobs]
         for policy in policies:
             mine = [r for r in results if r.policy == policy]
-            rows.append(_row(file, mean_results(mine), len(mine)))
+            if mine:
+                rows.append(_row(file, mean_results(mine), len(mine)))
         if default and args.plot:
             plot(results, args.plot, title="openb default, mean of seeds (vgpu simulate)")
         missing = [f for f in files[done + 1 :]]

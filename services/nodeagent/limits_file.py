@@ -8,6 +8,7 @@ device_count=N
 device.<i>.uuid=<gpu uuid>            i = 0..N-1 in NVIDIA_VISIBLE_DEVICES order
 device.<i>.memory_limit_mib=<MiB>      0 = unlimited
 device.<i>.cores=<percent of SMs>      0 = no compute limit
+context_overhead_mib=<MiB>            optional: charged per CUDA context (see context_overhead)
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class ContainerLimits:
     pod: str
     container: str
     devices: tuple[DeviceLimit, ...]
+    context_overhead_mib: int = 0  # 0: not written (the hook then charges nothing)
 
 
 def limits_from_decision(
@@ -89,6 +91,10 @@ def render(limits: ContainerLimits) -> str:
             f"device.{index}.memory_limit_mib={device.memory_limit_mib}",
             f"device.{index}.cores={device.cores}",
         ]
+    if limits.context_overhead_mib < 0:
+        raise LimitsError(f"context overhead out of range: {limits.context_overhead_mib}")
+    if limits.context_overhead_mib:
+        lines.append(f"context_overhead_mib={limits.context_overhead_mib}")
     return "\n".join(lines) + "\n"
 
 
@@ -123,6 +129,7 @@ def parse(text: str) -> ContainerLimits:
             pod=values["pod"],
             container=values["container"],
             devices=devices,
+            context_overhead_mib=int(values.get("context_overhead_mib", "0")),
         )
     except KeyError as exc:
         raise LimitsError(f"limit file lacks {exc.args[0]}") from exc

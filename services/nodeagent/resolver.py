@@ -10,6 +10,7 @@ proceed in parallel.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -88,8 +89,10 @@ class AllocationResolver:
         resolve_timeout_s: float,
         poll_interval_s: float = 0.05,
         on_resolved: Callable[[ResolvedContainer], Awaitable[object]] | None = None,
+        context_overhead: Callable[[tuple[str, ...]], int] | None = None,
     ) -> None:
         self._node = node_name
+        self._context_overhead = context_overhead  # GPU uuids -> MiB charged per context
         self._resource = resource_name
         self._bus = bus
         self._locator = locator
@@ -122,6 +125,9 @@ class AllocationResolver:
             limits = limits_file.limits_from_decision(
                 ref.namespace, ref.pod, ref.container, grant.gpu_uuids, reply.allocation
             )
+            if self._context_overhead is not None:
+                overhead = self._context_overhead(grant.gpu_uuids)
+                limits = dataclasses.replace(limits, context_overhead_mib=overhead)
             resolved = ResolvedContainer(grant.key, grant.host_dir, limits, reply.pod_uid)
             write_started = time.time_ns()
             record_owner(resolved)

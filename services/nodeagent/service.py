@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from services.common.tracing import setup_tracing
 from services.nodeagent import containers
 from services.nodeagent.catalog import DeviceCatalog
 from services.nodeagent.cleanup import DirectoryJanitor
+from services.nodeagent.context_overhead import container_overhead, parse_overheads
 from services.nodeagent.device_watch import DeviceWatcher
 from services.nodeagent.gpus import GpuBackend, GpuProcess, NvmlInitError, backend_for
 from services.nodeagent.grant import GrantIssuer
@@ -213,6 +215,7 @@ class NodeAgent:
             locator=locator,
             resolve_timeout_s=s.resolve_timeout_s,
             on_resolved=relay.open,
+            context_overhead=self._context_overhead(catalog),
         )
         stack.push_async_callback(resolver.stop)
         janitor = DirectoryJanitor(
@@ -263,6 +266,15 @@ class NodeAgent:
                 "driver": backend.driver_version(),
                 "cuda": backend.cuda_version(),
             },
+        )
+
+    def _context_overhead(self, catalog: DeviceCatalog) -> Callable[[tuple[str, ...]], int] | None:
+        rules = parse_overheads(self._settings.context_overhead)
+        if not rules:
+            return None
+        # Read the catalog at each container: GPUs may have come and gone since start.
+        return lambda uuids: container_overhead(
+            rules, {gpu.uuid: gpu.model for gpu in catalog.gpus}, uuids
         )
 
     async def _label(self, gpus: list[GpuDevice]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
+from services.nodeagent.context_overhead import parse_overheads
 from services.nodeagent.grant import STRATEGIES
 from services.nodeagent.health import DEFAULT_IGNORED_XIDS, parse_xids
 
@@ -23,6 +24,9 @@ class NodeAgentSettings(msgspec.Struct, kw_only=True, frozen=True):
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     container_root: str = "/var/run/vgpu/containers"
     hook_library: str = "/usr/local/vgpu/libvgpu.so"
+    # Device memory the hook charges per CUDA context, per GPU model: "A100=420,T4=300,*=350"
+    # or one number for all; empty = none (context_overhead.py).
+    context_overhead: str = ""
     # How GPUs reach the runtime: envvar (NVIDIA_VISIBLE_DEVICES), cdi-cri or cdi-annotations.
     device_list_strategy: str = "envvar"
     cdi_kind: str = "nvidia.com/gpu"
@@ -69,6 +73,7 @@ def check_settings(settings: NodeAgentSettings) -> None:
             f"node_labeler must be none, memory or kubernetes, got {settings.node_labeler!r}"
         )
     parse_xids(settings.ignored_xids)
+    parse_overheads(settings.context_overhead)
     for field in (
         "heartbeat_s",
         "usage_interval_s",

@@ -286,6 +286,8 @@ def test_settings_are_checked_before_anything_starts() -> None:
         NodeAgent(NodeAgentSettings(node_name="n", node_labeler="k8s"))
     with pytest.raises(ValueError, match="ignored_xids: 'x13' is not an XID number"):
         NodeAgent(NodeAgentSettings(node_name="n", ignored_xids="x13"))
+    with pytest.raises(ValueError, match="context_overhead: 'A100=big'"):
+        NodeAgent(NodeAgentSettings(node_name="n", context_overhead="A100=big"))
     with pytest.raises(ValueError, match="cannot be used in a NATS subject"):
         NodeAgent(NodeAgentSettings(node_name="bad name", simulate="1xT4"))
     with pytest.raises(ValueError, match="split_count must be at least 1"):

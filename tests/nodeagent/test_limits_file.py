@@ -6,6 +6,11 @@ import pytest
 
 from services.common.schemas import ContainerAllocation, GpuSlice
 from services.nodeagent import limits_file
+from services.nodeagent.context_overhead import (
+    container_overhead,
+    overhead_for,
+    parse_overheads,
+)
 from services.nodeagent.limits_file import ContainerLimits, DeviceLimit, LimitsError
 
 A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
@@ -65,3 +70,25 @@ def test_write_is_atomic_and_leaves_no_temporary_files(tmp_path: Path) -> None:
     assert "memory_limit_mib=1024" in path.read_text()
     assert sorted(p.name for p in container_dir.iterdir()) == ["limits"]
     assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_context_overhead_is_written_only_when_set_and_read_back() -> None:
+    plain = ContainerLimits("ns", "p", "c", (DeviceLimit(A, 512, 50),))
+    assert "context_overhead" not in limits_file.render(plain)
+    charged = ContainerLimits("ns", "p", "c", (DeviceLimit(A, 512, 50),), context_overhead_mib=300)
+    text = limits_file.render(charged)
+    assert text.endswith("device.0.cores=50\ncontext_overhead_mib=300\n")
+    assert limits_file.parse(text) == charged
+
+
+def test_context_overhead_rules_per_model() -> None:
+    rules = parse_overheads(" A100=420, t4=250 ,*=300")
+    assert [overhead_for(rules, m) for m in ("A100-80GB", "Tesla T4", "L4")] == [420, 250, 300]
+    assert parse_overheads("350") == [("*", 350)] and parse_overheads("") == []
+    assert overhead_for(parse_overheads("A100=420"), "T4") == 0
+    models = {A: "A100-40GB", B: "Tesla T4"}
+    assert container_overhead(rules, models, (A, B)) == 420
+    for bad, words in (("A100=lots", "not a whole number"), ("=3", "not MODEL=MiB"),
+                       ("T4=99999", "outside 0..16384")):  # fmt: skip
+        with pytest.raises(ValueError, match=words):
+            parse_overheads(bad)

@@ -153,3 +153,19 @@ async def test_refused_claim_writes_no_limit_file(node: Node, claims: ClaimRespo
     key = container_key(result.containers[0].device_ids)
     assert (dirs.container_root / key).is_dir()
     assert not (dirs.container_root / key / "limits").exists()
+
+
+async def test_context_overhead_of_the_gpus_model_goes_into_the_limit_file(
+    nats_server: EmbeddedNats, claims: ClaimResponder
+) -> None:
+    overheads = "T4=250,a100=420,*=300"  # the first matching model wins, case-insensitively
+    async with (
+        node_dirs() as dirs,
+        running_node(nats_server.url, dirs, context_overhead=overheads) as (kubelet, _),
+    ):
+        result = await kubelet.admit(gpu_pod("ctx", {"main": 1}))
+        assert result.admitted, result.error
+        (container,) = result.containers
+        limits = dirs.container_root / container_key(container.device_ids) / "limits"
+        await wait_until(limits.exists, what="limit file")
+        assert limits.read_text().endswith("device.0.cores=30\ncontext_overhead_mib=420\n")
