@@ -53,17 +53,43 @@ def _row(file: str, merged: dict[str, object], seeds: int) -> str:
     )
 
 
+def _versus_fgd(means: dict[tuple[str, str], dict[str, object]]) -> str:
+    """The default policy minus fgd per file and demand level: where it must not fall behind."""
+    levels = ("alloc_at_100", "alloc_at_110", "alloc_at_120", "alloc_at_130")
+    lines = []
+    for (file, policy), mine in means.items():
+        fgd = means.get((file, "fgd"))
+        if policy != DEFAULT_POLICY or fgd is None:
+            continue
+        cells = []
+        for level in levels:
+            a, b = mine[level], fgd[level]
+            cells.append("-" if a is None or b is None else f"{a - b:+.2f}")  # type: ignore[operator]
+        lines.append(f"| {file} | {' | '.join(cells)} |")
+    if not lines:
+        return ""
+    return (
+        f"\n\n{DEFAULT_POLICY} minus fgd (points of GPU allocation, mean of the seeds):\n\n"
+        "| pod file | @100% | @110% | @120% | @130% |\n|---|---|---|---|---|\n" + "\n".join(lines)
+    )
+
+
 def _markdown(
-    rows: list[str], args: argparse.Namespace, missing: list[str], replays: int, took: float
+    rows: list[str],
+    args: argparse.Namespace,
+    missing: list[str],
+    replays: int,
+    took: float,
+    versus: str = "",
 ) -> str:
-    rest = ""
+    rest = versus
     if missing:
-        rest = (
+        rest += (
             "\n\nNot computed in this run (time): "
             + ", ".join(missing)
-            + ". To compute everything (about 3 CPU-hours on 2 workers of this machine):\n\n"
+            + ". To compute everything:\n\n"
             "    .venv/bin/python -m bench.simulate_table --seeds 10 --other-seeds 10 "
-            f"--other-policies {','.join(args.policies)}"
+            f"--policies {','.join(args.policies)} --other-policies {','.join(args.policies)}"
         )
     return f"""### `vgpu simulate` on the openb trace (issue 8)
 
@@ -126,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     reused = _earlier(args.reuse) if args.reuse else {}
     rows: list[str] = []
     done_so_far: list[ReplayResult] = []
+    means: dict[tuple[str, str], dict[str, object]] = {}
     raw = args.raw.open("a")
     for done, file in enumerate(files):
         pods = args.trace / f"openb_pod_list_{file}.csv"
@@ -147,13 +174,19 @@ def main(argv: list[str] | None = None) -> int:
         for policy in policies:
             mine = [r for r in results if r.policy == policy]
             if mine:
-                rows.append(_row(file, mean_results(mine), len(mine)))
+                means[(file, policy)] = mean_results(mine)
+                rows.append(_row(file, means[(file, policy)], len(mine)))
         if default and args.plot:
             plot(results, args.plot, title="openb default, mean of seeds (vgpu simulate)")
         missing = [f for f in files[done + 1 :]]
         done_so_far.extend(results)
         markdown = _markdown(
-            rows, args, missing, len(done_so_far), sum(r.seconds for r in done_so_far)
+            rows,
+            args,
+            missing,
+            len(done_so_far),
+            sum(r.seconds for r in done_so_far),
+            _versus_fgd(means),
         )
         if not args.no_write:
             write_section("simulate", markdown)

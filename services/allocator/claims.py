@@ -44,13 +44,18 @@ class ClaimHandlers:
                 request.container,
                 list(request.device_ids),
                 list(request.gpu_uuids),
+                request.pod_uid,
             )
         except ClaimError as exc:
             CLAIMS.labels(outcome="refused").inc()
             raise ReplyError(str(exc)) from exc
         CLAIMS.labels(outcome="claimed").inc()
         return ClaimReply(
-            pod_uid=allocation.uid, allocation=container, traceparent=allocation.traceparent
+            pod_uid=allocation.uid,
+            allocation=container,
+            traceparent=allocation.traceparent,
+            namespace=allocation.namespace,
+            pod=allocation.name,
         )
 
     async def preferred(self, request: PreferredRequest) -> PreferredReply:

@@ -303,11 +303,13 @@ class PlacementEngine:
         container: str,
         device_ids: list[str],
         gpu_uuids: list[str],
+        pod_uid: str = "",
     ) -> tuple[PodAllocation, ContainerAllocation]:
-        """The node agent reports the devices a container got; return its decision."""
+        """The node agent reports the devices a container got; return its decision. The pod is
+        named by namespace/name, or by `pod_uid` alone when both are empty."""
         for attempt in range(2):
             allocation, decided = self._claimed_container(
-                node, namespace, pod, container, device_ids, gpu_uuids
+                node, namespace, pod, container, device_ids, gpu_uuids, pod_uid
             )
             if decided.claimed and sorted(decided.device_ids) == sorted(device_ids):
                 return allocation, decided  # the agent asked again: same answer
@@ -318,6 +320,7 @@ class PlacementEngine:
                 if attempt:
                     raise ClaimError(str(exc)) from exc
                 await self._learn_rules(exc.uids)  # then plan again from scratch
+        namespace, pod = allocation.namespace, allocation.name  # also when claimed by uid
         was = (decided.claimed, decided.device_ids)
         decided.device_ids = list(device_ids)
         decided.claimed = True
@@ -355,10 +358,19 @@ class PlacementEngine:
         container: str,
         device_ids: list[str],
         gpu_uuids: list[str],
+        pod_uid: str = "",
     ) -> tuple[PodAllocation, ContainerAllocation]:
-        allocation = self.ledger.find(node, namespace, pod)
-        if allocation is None:
-            raise ClaimError(f"no pod {namespace}/{pod} is bound to node {node!r}")
+        if namespace or pod:
+            allocation = self.ledger.find(node, namespace, pod)
+            if allocation is None:
+                raise ClaimError(f"no pod {namespace}/{pod} is bound to node {node!r}")
+        else:  # from the kubelet checkpoint, which names pods by UID only
+            if not pod_uid:
+                raise ClaimError(f"claim on node {node!r} names neither a pod nor a pod uid")
+            allocation = self.ledger.get(pod_uid)
+            if allocation is None or allocation.node != node:
+                raise ClaimError(f"no pod with uid {pod_uid} is bound to node {node!r}")
+            namespace, pod = allocation.namespace, allocation.name
         decided = allocation.containers.get(container)
         if decided is None:
             known = ", ".join(repr(c) for c in allocation.containers) or "none"

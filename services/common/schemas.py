@@ -133,6 +133,9 @@ class ClaimRequest(msgspec.Struct, frozen=True, kw_only=True):
     container: str
     device_ids: list[str]
     gpu_uuids: list[str]  # the physical GPUs behind device_ids, in the order exposed
+    # Set when only the kubelet checkpoint knew the owner (plain init containers): the pod is
+    # then named by UID, and namespace/pod are empty.
+    pod_uid: str = ""
 
 
 class ClaimReply(msgspec.Struct, kw_only=True):
@@ -140,6 +143,8 @@ class ClaimReply(msgspec.Struct, kw_only=True):
     pod_uid: str = ""
     allocation: ContainerAllocation | None = None
     traceparent: str = ""
+    namespace: str = ""  # the claimed pod's, so a claim by UID learns its name
+    pod: str = ""
 
 
 class PreferredRequest(msgspec.Struct, frozen=True, kw_only=True):

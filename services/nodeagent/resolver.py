@@ -3,8 +3,9 @@
 Allocate carries no pod identity. Rather than guess by request size or lock the node, the
 agent waits for the kubelet to record the device IDs (it does so right after Allocate
 returns), reads the owner from the PodResources API, and asks the allocator for that
-container's decision by name. Every Allocate resolves on its own, so bursts onto one node
-proceed in parallel.
+container's decision by name. Plain init containers, which PodResources never lists, are
+found in the kubelet's device checkpoint instead and claimed by pod UID. Every Allocate
+resolves on its own, so bursts onto one node proceed in parallel.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from services.common.tracing import context_from_traceparent, tracer
 from services.nodeagent import limits_file
 from services.nodeagent.containers import ResolvedContainer, record_owner
 from services.nodeagent.grant import ContainerGrant
+from services.nodeagent.kubelet_checkpoint import CheckpointEntry, CheckpointError
 from services.nodeagent.limits_file import LimitsError
 from services.nodeagent.podresources import ContainerRef
 
@@ -54,8 +56,40 @@ RESOLVE_SECONDS = Histogram(
 )
 
 
+# A checkpoint-only owner is taken once this long has passed since its Allocate: when an app
+# container takes over a plain init container's IDs (same count), the kubelet allocates it
+# right after the init container (one Allocate call later), and the two then share the
+# directory, which PodResources attributes to the app container, as before.
+CHECKPOINT_SETTLE_S = 0.5
+PODRESOURCES = "podresources"
+CHECKPOINT = "checkpoint"
+
+
 class ContainerLocator(Protocol):
     async def holders(self, resource_name: str, device_ids: set[str]) -> list[ContainerRef]: ...
+
+
+class CheckpointLocator(Protocol):
+    """The kubelet's device checkpoint (kubelet_checkpoint.KubeletCheckpoint)."""
+
+    def holders(self, resource: str, device_ids: set[str]) -> list[CheckpointEntry]: ...
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Whose the devices are: by name from PodResources, or by pod UID from the checkpoint
+    (namespace and pod empty until the allocator's reply names them)."""
+
+    namespace: str
+    pod: str
+    container: str
+    pod_uid: str = ""
+    source: str = PODRESOURCES
+
+    def __str__(self) -> str:
+        if self.namespace or self.pod:
+            return f"{self.namespace}/{self.pod}/{self.container}"
+        return f"pod uid {self.pod_uid} container {self.container}"
 
 
 @dataclass(frozen=True)
@@ -90,6 +124,8 @@ class AllocationResolver:
         poll_interval_s: float = 0.05,
         on_resolved: Callable[[ResolvedContainer], Awaitable[object]] | None = None,
         context_overhead: Callable[[tuple[str, ...]], int] | None = None,
+        checkpoint: CheckpointLocator | None = None,
+        checkpoint_settle_s: float = CHECKPOINT_SETTLE_S,
     ) -> None:
         self._node = node_name
         self._context_overhead = context_overhead  # GPU uuids -> MiB charged per context
@@ -99,6 +135,9 @@ class AllocationResolver:
         self._timeout_s = resolve_timeout_s
         self._poll_s = poll_interval_s
         self._on_resolved = on_resolved
+        self._checkpoint = checkpoint
+        self._settle_s = checkpoint_settle_s
+        self._checkpoint_problem = ""  # last checkpoint error logged, to log each once
         self._tasks: set[asyncio.Task[None]] = set()
 
     def track(self, call: AllocateCall) -> None:
@@ -117,13 +156,16 @@ class AllocationResolver:
         fields = {"node": self._node, "device_ids": list(grant.device_ids), "key": grant.key}
         try:
             deadline = time.monotonic() + self._timeout_s
-            ref = await self._find_container(grant, deadline)
-            fields["container"] = str(ref)
-            reply = await self._claim(ref, call, deadline)
+            owner = await self._find_container(grant, deadline)
+            fields["container"] = str(owner)
+            fields["source"] = owner.source
+            reply = await self._claim(owner, call, deadline)
             if reply.allocation is None:
-                raise ResolveFailure("claim_refused", f"allocator sent no decision for {ref}")
+                raise ResolveFailure("claim_refused", f"allocator sent no decision for {owner}")
+            owner = _named(owner, reply)
+            fields["container"] = str(owner)
             limits = limits_file.limits_from_decision(
-                ref.namespace, ref.pod, ref.container, grant.gpu_uuids, reply.allocation
+                owner.namespace, owner.pod, owner.container, grant.gpu_uuids, reply.allocation
             )
             if self._context_overhead is not None:
                 overhead = self._context_overhead(grant.gpu_uuids)
@@ -149,10 +191,12 @@ class AllocationResolver:
         LIMIT_FILES_WRITTEN.labels(node=self._node).inc()
         RESOLVE_SECONDS.labels(node=self._node).observe((write_ended - call.ended_ns) / 1e9)
         log.info("limit file written", extra={**fields, "path": str(path)})
-        self._emit_spans(call, ref, reply.traceparent, (write_started, write_ended))
+        self._emit_spans(call, owner, reply.traceparent, (write_started, write_ended))
 
-    async def _find_container(self, grant: ContainerGrant, deadline: float) -> ContainerRef:
+    async def _find_container(self, grant: ContainerGrant, deadline: float) -> Owner:
+        """PodResources first; the kubelet checkpoint for what it does not list."""
         wanted = set(grant.device_ids)
+        settled_at = time.monotonic() + self._settle_s
         last_error = ""
         while True:
             try:
@@ -167,16 +211,53 @@ class AllocationResolver:
                         "several containers hold the same device IDs; taking the first",
                         extra={"holders": [str(h) for h in holders], "device_ids": sorted(wanted)},
                     )
-                return holders[0]
-            if time.monotonic() >= deadline:
+                ref = holders[0]
+                return Owner(ref.namespace, ref.pod, ref.container)
+            now = time.monotonic()
+            owner = self._checkpoint_owner(wanted, now >= settled_at, now >= deadline)
+            if owner is not None:
+                return owner
+            if now >= deadline:
+                problem = f"; {self._checkpoint_problem}" if self._checkpoint_problem else ""
                 raise ResolveFailure(
                     "no_container",
                     f"no container holds devices {sorted(wanted)} after "
-                    f"{self._timeout_s}s{last_error}",
+                    f"{self._timeout_s}s{last_error}{problem}",
                 )
             await asyncio.sleep(self._poll_s)
 
-    async def _claim(self, ref: ContainerRef, call: AllocateCall, deadline: float) -> ClaimReply:
+    def _checkpoint_owner(self, wanted: set[str], settled: bool, last_try: bool) -> Owner | None:
+        """The one checkpoint entry holding exactly `wanted`, once settled. Several entries
+        (an app container took over an init container's IDs) are left to PodResources, which
+        lists the app container; only on the last try is the first of them taken."""
+        if self._checkpoint is None:
+            return None
+        try:
+            entries = self._checkpoint.holders(self._resource, wanted)
+        except CheckpointError as exc:
+            if str(exc) != self._checkpoint_problem:
+                self._checkpoint_problem = str(exc)
+                log.warning(
+                    "cannot use the kubelet checkpoint: " + str(exc), extra={"node": self._node}
+                )
+            return None
+        self._checkpoint_problem = ""
+        ready = last_try or (len(entries) == 1 and settled)
+        if not entries or not ready:
+            return None
+        if len(entries) > 1:
+            log.warning(
+                "several containers hold the same device IDs in the kubelet checkpoint; "
+                "taking the first",
+                extra={
+                    "holders": [f"{e.pod_uid}/{e.container}" for e in entries],
+                    "device_ids": sorted(wanted),
+                },
+            )
+        entry = entries[0]
+        return Owner("", "", entry.container, pod_uid=entry.pod_uid, source=CHECKPOINT)
+
+    async def _claim(self, ref: Owner, call: AllocateCall, deadline: float) -> ClaimReply:
         request = ClaimRequest(
             node=self._node,
             namespace=ref.namespace,
@@ -184,6 +265,7 @@ class AllocationResolver:
             container=ref.container,
             device_ids=list(call.grant.device_ids),
             gpu_uuids=list(call.grant.gpu_uuids),
+            pod_uid=ref.pod_uid,
         )
         # Carry the caller's trace (if any) into the NATS headers of the claim.
         context = context_from_traceparent(call.caller_traceparent)
@@ -227,7 +309,7 @@ class AllocationResolver:
         span.end(end_time=call.ended_ns)
 
     def _emit_spans(
-        self, call: AllocateCall, ref: ContainerRef, traceparent: str, write: tuple[int, int]
+        self, call: AllocateCall, ref: Owner, traceparent: str, write: tuple[int, int]
     ) -> None:
         """Join the pod's trace (from the claim reply) with the real Allocate times."""
         links = []
@@ -249,6 +331,8 @@ class AllocationResolver:
                 "k8s.namespace.name": ref.namespace,
                 "k8s.pod.name": ref.pod,
                 "k8s.container.name": ref.container,
+                "k8s.pod.uid": ref.pod_uid,
+                "vgpu.resolved_by": ref.source,
             },
         )
         child = _tracer.start_span(
@@ -259,3 +343,17 @@ class AllocationResolver:
         )
         child.end(end_time=write[1])
         span.end(end_time=call.ended_ns)
+
+
+def _named(owner: Owner, reply: ClaimReply) -> Owner:
+    """Complete the owner from the allocator's reply: a checkpoint owner learns its namespace
+    and pod name, a PodResources owner its pod UID."""
+    if not (owner.namespace or owner.pod):
+        if not (reply.namespace and reply.pod):
+            raise ResolveFailure(
+                "claim_refused",
+                f"the allocator's reply for {owner} names no pod (an allocator that cannot "
+                "claim by pod uid?)",
+            )
+        owner = dataclasses.replace(owner, namespace=reply.namespace, pod=reply.pod)
+    return dataclasses.replace(owner, pod_uid=owner.pod_uid or reply.pod_uid)

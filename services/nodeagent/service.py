@@ -22,6 +22,7 @@ from services.nodeagent.device_watch import DeviceWatcher
 from services.nodeagent.gpus import GpuBackend, GpuProcess, NvmlInitError, backend_for
 from services.nodeagent.grant import GrantIssuer
 from services.nodeagent.health import HealthMarks, HealthMonitor, parse_xids
+from services.nodeagent.kubelet_checkpoint import CHECKPOINT_FILE, KubeletCheckpoint
 from services.nodeagent.labels import NodeLabeler, gpu_labels, labeler_for
 from services.nodeagent.plugin import OPTIONS, DevicePluginServicer
 from services.nodeagent.podresources import PodResourcesClient
@@ -216,6 +217,7 @@ class NodeAgent:
             resolve_timeout_s=s.resolve_timeout_s,
             on_resolved=relay.open,
             context_overhead=self._context_overhead(catalog),
+            checkpoint=KubeletCheckpoint(Path(s.plugin_dir) / CHECKPOINT_FILE),
         )
         stack.push_async_callback(resolver.stop)
         janitor = DirectoryJanitor(

@@ -18,10 +18,17 @@ import msgspec
 from aiohttp import web
 from opentelemetry.trace import Status, StatusCode
 
+from services.common.kubelet import deviceplugin_v1beta1_pb2 as pb
 from services.common.kubelet import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from services.common.kubelet import podresources_v1_pb2_grpc as pr_grpc
 from services.common.tracing import tracer
 from services.simulators.kubelet_admission import Admitter
+from services.simulators.kubelet_checkpoint import (
+    CHECKPOINT_FILE,
+    CheckpointEntry,
+    DeviceCheckpoint,
+    devices_per_numa,
+)
 from services.simulators.kubelet_devices import DeviceRegistry, RegistrationServicer
 from services.simulators.kubelet_http import build_app
 from services.simulators.kubelet_podresources import PodResourcesServicer
@@ -32,7 +39,7 @@ log = logging.getLogger("vgpu.kubeletsim")
 _tracer = tracer("vgpu.kubeletsim")
 
 KUBELET_SOCKET = "kubelet.sock"
-CHECKPOINT = "kubelet_internal_checkpoint"  # the one file a restarting kubelet keeps
+CHECKPOINT = CHECKPOINT_FILE  # the one file a restarting kubelet keeps
 
 __all__ = ["AdmitResult", "KubeletSimSettings", "KubeletSimulator", "PodError"]
 
@@ -71,8 +78,14 @@ class KubeletSimulator:
         self._plugin_dir = Path(settings.plugin_dir)
         self._registry = DeviceRegistry(self._plugin_dir)
         self._records = PodRecords()
+        self._checkpoint = DeviceCheckpoint(self._plugin_dir / CHECKPOINT, self._healthy_devices)
+        self._admitting: list[tuple[str, str, str]] = []  # entries of the pod being admitted
         self._admitter = Admitter(
-            settings.node_name, self._registry, self._records, settings.device_resources
+            settings.node_name,
+            self._registry,
+            self._records,
+            settings.device_resources,
+            on_allocated=self._allocated,
         )
         self._admit_lock = asyncio.Lock()  # the kubelet admits one pod at a time
         self._servers: list[tuple[grpc.aio.Server, Path]] = []
@@ -183,17 +196,67 @@ class KubeletSimulator:
         with _tracer.start_as_current_span(f"kubelet admit {pod.namespace}/{pod.name}") as span:
             span.set_attribute("k8s.node.name", self.node_name)
             async with self._admit_lock:
+                self._admitting = []
                 result = await self._admitter.admit(pod)
+                if result.error:
+                    self._forget_checkpoint(self._admitting)  # a failed pod keeps nothing
             if result.error:
                 span.set_status(Status(StatusCode.ERROR, result.error))
             return result
 
     def remove(self, namespace: str, name: str) -> bool:
         """Forget a pod and free its devices; False if it was not admitted."""
+        record = self._records.get(namespace, name)
         removed = self._records.remove(namespace, name)
         if removed:
             log.info("pod removed", extra={"pod": f"{namespace}/{name}"})
+        if record is not None:
+            self._forget_checkpoint(
+                [(record.uid, c.name, r) for c in record.containers for r in c.devices]
+            )
         return removed
+
+    def checkpoint_entries(self) -> list[CheckpointEntry]:
+        """What `kubelet_internal_checkpoint` holds now."""
+        return self._checkpoint.entries()
+
+    def _allocated(
+        self,
+        pod_uid: str,
+        container: str,
+        resource: str,
+        devices: dict[str, list[int]],
+        response: pb.ContainerAllocateResponse,
+    ) -> None:
+        """After each container's Allocate, as the kubelet: record it in the checkpoint."""
+        self._admitting.append((pod_uid, container, resource))
+        self._checkpoint.allocated(
+            CheckpointEntry(
+                pod_uid=pod_uid,
+                container=container,
+                resource=resource,
+                devices=devices_per_numa(devices),
+                alloc_resp=response.SerializeToString(deterministic=True),
+            )
+        )
+
+    def _forget_checkpoint(self, keys: list[tuple[str, str, str]]) -> None:
+        try:
+            self._checkpoint.forget(keys)
+        except OSError as exc:
+            log.error(
+                "cannot write the device checkpoint",
+                extra={"path": str(self._checkpoint.path), "error": str(exc)},
+            )
+
+    def _healthy_devices(self) -> dict[str, list[str]]:
+        """RegisteredDevices of the checkpoint: every resource's healthy device IDs."""
+        found: dict[str, list[str]] = {}
+        for resource in self._registry.resources:
+            endpoint = self._registry.endpoint(resource)
+            if endpoint is not None:
+                found[resource] = list(endpoint.healthy_ids())
+        return found
 
     def pods(self) -> list[AdmitResult]:
         return [record.result for record in self._records.pods()]

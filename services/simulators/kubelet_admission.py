@@ -10,7 +10,7 @@ are recorded only when the whole pod is admitted.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import grpc
 
@@ -29,6 +29,10 @@ from services.simulators.kubelet_records import (
 )
 
 log = logging.getLogger("vgpu.kubeletsim")
+
+# (pod uid, container, resource, device ID -> NUMA nodes, the plugin's response), called right
+# after each Allocate as the kubelet writes its checkpoint; OSError fails the admission.
+AllocatedHook = Callable[[str, str, str, dict[str, list[int]], pb.ContainerAllocateResponse], None]
 
 
 class AdmissionFailure(Exception):
@@ -67,8 +71,10 @@ class Admitter:
         registry: DeviceRegistry,
         records: PodRecords,
         device_resources: Iterable[str],
+        on_allocated: AllocatedHook | None = None,
     ) -> None:
         self._node = node_name
+        self._on_allocated = on_allocated
         self._registry = registry
         self._records = records
         self._advertised = set(device_resources)
@@ -93,7 +99,7 @@ class Admitter:
         admitted: list[AdmittedContainer] = []
         try:
             for container in pod.containers:
-                record, answer = await self._admit_container(container, reusable, held)
+                record, answer = await self._admit_container(pod, container, reusable, held)
                 records.append(record)
                 admitted.append(answer)
         except AdmissionFailure as exc:
@@ -111,6 +117,7 @@ class Admitter:
 
     async def _admit_container(
         self,
+        pod: PodSpec,
         container: ContainerSpec,
         reusable: dict[str, list[str]],
         held: dict[str, set[str]],
@@ -132,6 +139,17 @@ class Admitter:
             if not response.container_responses:
                 raise AdmissionFailure(f"no containers return in allocation response {response}")
             record.devices[resource] = {d: endpoint.numa_nodes(d) for d in device_ids}
+            if self._on_allocated is not None:
+                try:
+                    self._on_allocated(
+                        pod.uid,
+                        container.name,
+                        resource,
+                        record.devices[resource],
+                        response.container_responses[0],
+                    )
+                except OSError as exc:
+                    raise AdmissionFailure(f"failed to write checkpoint file: {exc}") from exc
             held.setdefault(resource, set()).update(device_ids)
             answer.device_ids.extend(device_ids)
             _add_response(answer, response.container_responses[0])

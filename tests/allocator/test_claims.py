@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from services.allocator import Allocator, LocalClusterBackend
@@ -94,6 +95,82 @@ async def test_claim_of_unknown_pod_or_container_is_refused(
         await bus.request(subjects.ALLOC_CLAIM, _claim(p, "zzz", ["GPU-n1-0"]), ClaimReply)
     with pytest.raises(BusError, match="no pod default/p is bound to node 'n2'"):
         await bus.request(subjects.ALLOC_CLAIM, _claim(p, "a", ["GPU-n1-0"], "n2"), ClaimReply)
+
+
+def _by_uid(uid: str, name: str, gpus: list[str], node: str = "n1") -> ClaimRequest:
+    """As the node agent claims a plain init container found in the kubelet checkpoint."""
+    return ClaimRequest(
+        node=node,
+        namespace="",
+        pod="",
+        container=name,
+        device_ids=[f"{g}::{i}" for i, g in enumerate(gpus)],
+        gpu_uuids=gpus,
+        pod_uid=uid,
+    )
+
+
+async def test_claim_by_pod_uid_names_the_pod_in_the_reply(
+    allocator: Allocator, bus: Bus, http
+) -> None:
+    await give_nodes(bus, allocator, node_inventory("n1", count=2))
+    events = await collect_events(bus, "n1")
+    p = pod(
+        "prep",
+        [container("app", gpus=2, mem=4000, cores=30)],
+        namespace="ml",
+        init=[container("setup", mem=1000, cores=10)],
+    )
+    await _bind(http, allocator, p, "n1")
+    uid = p["metadata"]["uid"]
+
+    reply = await bus.request(subjects.ALLOC_CLAIM, _by_uid(uid, "setup", ["GPU-n1-1"]), ClaimReply)
+    assert (reply.error, reply.pod_uid, reply.namespace, reply.pod) == ("", uid, "ml", "prep")
+    assert reply.allocation is not None and reply.allocation.claimed
+    assert reply.allocation.container == "setup"
+    assert [(s.uuid, s.memory_mib, s.cores) for s in reply.allocation.slices] == [
+        ("GPU-n1-1", 1000, 10)
+    ]
+    assert allocator.ledger.get(uid).containers["setup"].claimed
+    assert not allocator.ledger.get(uid).containers["app"].claimed
+    await eventually(lambda: len(events) == 2)
+    assert [e.kind for e in events] == ["bound", "claimed"]
+
+    # A claim by name says who it was too; an idempotent repeat by UID answers the same.
+    by_name = await bus.request(
+        subjects.ALLOC_CLAIM, _claim(p, "app", ["GPU-n1-0", "GPU-n1-1"]), ClaimReply
+    )
+    assert (by_name.namespace, by_name.pod, by_name.pod_uid) == ("ml", "prep", uid)
+    again = await bus.request(subjects.ALLOC_CLAIM, _by_uid(uid, "setup", ["GPU-n1-1"]), ClaimReply)
+    assert again.allocation == reply.allocation
+
+
+async def test_claim_by_unknown_pod_uid_is_refused(allocator: Allocator, bus: Bus, http) -> None:
+    await give_nodes(bus, allocator, node_inventory("n1"))
+    await give_nodes(bus, allocator, node_inventory("n2"))
+    p = pod("p", [container("a", mem=1000)], uid="uid-known")
+    await _bind(http, allocator, p, "n1")
+    with pytest.raises(BusError, match="no pod with uid uid-ghost is bound to node 'n1'"):
+        await bus.request(subjects.ALLOC_CLAIM, _by_uid("uid-ghost", "a", ["GPU-n1-0"]), ClaimReply)
+    with pytest.raises(BusError, match="no pod with uid uid-known is bound to node 'n2'"):
+        await bus.request(
+            subjects.ALLOC_CLAIM, _by_uid("uid-known", "a", ["GPU-n2-0"], "n2"), ClaimReply
+        )
+    with pytest.raises(BusError, match="names neither a pod nor a pod uid"):
+        await bus.request(subjects.ALLOC_CLAIM, _by_uid("", "a", ["GPU-n1-0"]), ClaimReply)
+    with pytest.raises(BusError, match=r"pod default/p on node 'n1' has no GPU allocation .*'zzz'"):
+        await bus.request(
+            subjects.ALLOC_CLAIM, _by_uid("uid-known", "zzz", ["GPU-n1-0"]), ClaimReply
+        )
+    assert not allocator.ledger.get("uid-known").containers["a"].claimed
+
+
+def test_claim_request_without_pod_uid_still_decodes() -> None:
+    """Wire compatibility: an agent that predates claims by UID."""
+    old = b'{"node":"n1","namespace":"d","pod":"p","container":"a","device_ids":[],"gpu_uuids":[]}'
+    assert msgspec.json.decode(old, type=ClaimRequest).pod_uid == ""
+    reply = msgspec.json.decode(b'{"pod_uid":"u"}', type=ClaimReply)
+    assert (reply.namespace, reply.pod) == ("", "")
 
 
 async def test_claim_on_other_gpus_moves_when_they_fit(

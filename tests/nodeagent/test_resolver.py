@@ -169,3 +169,75 @@ async def test_context_overhead_of_the_gpus_model_goes_into_the_limit_file(
         limits = dirs.container_root / container_key(container.device_ids) / "limits"
         await wait_until(limits.exists, what="limit file")
         assert limits.read_text().endswith("device.0.cores=30\ncontext_overhead_mib=420\n")
+
+
+async def test_init_container_is_claimed_by_pod_uid_and_needs_the_pod_named_back(
+    node: Node, claims: ClaimResponder, spans: InMemorySpanExporter
+) -> None:
+    """This responder cannot claim by UID (its reply names no pod, as an older allocator's):
+    the init container then gets no limit file, for a stated reason."""
+    kubelet, _, dirs = node
+    pod = gpu_pod("prep", {"app": 2}, init_containers={"setup": 1}, uid="uid-prep")
+    result = await kubelet.admit(pod)
+    assert result.admitted, result.error
+    setup, app = result.containers
+    await wait_until(
+        lambda: (dirs.container_root / container_key(app.device_ids) / "limits").exists(),
+        what="the app container's limits (PodResources)",
+    )
+    failed = await wait_until(
+        lambda: [
+            s
+            for s in spans.get_finished_spans()
+            if s.name == "device-plugin Allocate" and not s.status.is_ok
+        ],
+        what="the init container's failure",
+    )
+    assert "reply for pod uid uid-prep container setup names no pod" in str(
+        failed[0].status.description
+    )
+    by_uid = [r for r in claims.requests if r.container == "setup"]
+    assert by_uid == [
+        ClaimRequest(
+            node=NODE,
+            namespace="",
+            pod="",
+            container="setup",
+            device_ids=setup.device_ids,
+            gpu_uuids=[setup.envs["NVIDIA_VISIBLE_DEVICES"]],
+            pod_uid="uid-prep",
+        )
+    ]
+    assert not (dirs.container_root / container_key(setup.device_ids) / "limits").exists()
+
+
+async def test_a_broken_checkpoint_is_named_in_the_failure_and_spares_podresources(
+    node: Node, claims: ClaimResponder, spans: InMemorySpanExporter
+) -> None:
+    kubelet, _, dirs = node
+    pod = gpu_pod("broken", {"app": 2}, init_containers={"setup": 1})
+    result = await kubelet.admit(pod)
+    assert result.admitted, result.error
+    # Before the checkpoint-only owner settles, the file turns into half a document.
+    checkpoint = dirs.plugin_dir / "kubelet_internal_checkpoint"
+    half = checkpoint.read_bytes()[:40]
+    checkpoint.with_name("half").write_bytes(half)
+    checkpoint.with_name("half").replace(checkpoint)
+    setup, app = result.containers
+    await wait_until(
+        lambda: (dirs.container_root / container_key(app.device_ids) / "limits").exists(),
+        what="the app container's limits (PodResources)",
+    )
+    failed = await wait_until(
+        lambda: [
+            s
+            for s in spans.get_finished_spans()
+            if s.name == "device-plugin Allocate" and not s.status.is_ok
+        ],
+        timeout_s=15,
+        what="the init container's failure",
+    )
+    description = str(failed[0].status.description)
+    assert f"no container holds devices {sorted(setup.device_ids)}" in description
+    assert f"kubelet checkpoint {checkpoint} is truncated" in description
+    assert [r.container for r in claims.requests] == ["app"]
