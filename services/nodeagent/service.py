@@ -17,9 +17,11 @@ from services.common.tracing import setup_tracing
 from services.nodeagent import containers
 from services.nodeagent.catalog import DeviceCatalog
 from services.nodeagent.cleanup import DirectoryJanitor
+from services.nodeagent.containers import ResolvedContainer
 from services.nodeagent.context_overhead import container_overhead, parse_overheads
 from services.nodeagent.device_watch import DeviceWatcher
 from services.nodeagent.gpus import GpuBackend, GpuProcess, NvmlInitError, backend_for
+from services.nodeagent.gpus.backend import LoadSink
 from services.nodeagent.grant import GrantIssuer
 from services.nodeagent.health import HealthMarks, HealthMonitor, parse_xids
 from services.nodeagent.kubelet_checkpoint import CHECKPOINT_FILE, KubeletCheckpoint
@@ -168,8 +170,22 @@ class NodeAgent:
         )
         self._relay = relay
         stack.push_async_callback(relay.stop)
+        # Simulated GPUs make up load: tell them what runs where (real GPUs measure it).
+        load = backend if isinstance(backend, LoadSink) else None
+
+        async def container_started(container: ResolvedContainer) -> None:
+            await relay.open(container)
+            if load is not None:
+                self._attach_load(load, container)
+
+        async def container_gone(key: str) -> None:
+            await relay.close(key)
+            if load is not None:
+                load.detach(key)
+
         for restored in containers.restore(Path(s.container_root)):
-            await relay.open(restored)  # an agent restart keeps serving running containers
+            # an agent restart keeps serving running containers
+            await container_started(restored)
         await relay.start()
 
         async def on_sample(gpus: list[GpuUsage], processes: list[GpuProcess]) -> None:
@@ -215,7 +231,7 @@ class NodeAgent:
             bus=bus,
             locator=locator,
             resolve_timeout_s=s.resolve_timeout_s,
-            on_resolved=relay.open,
+            on_resolved=container_started,
             context_overhead=self._context_overhead(catalog),
             checkpoint=KubeletCheckpoint(Path(s.plugin_dir) / CHECKPOINT_FILE),
         )
@@ -225,7 +241,7 @@ class NodeAgent:
             container_root=Path(s.container_root),
             resource_name=s.resource_name,
             locator=locator,
-            on_remove=relay.close,
+            on_remove=container_gone,
             grace_s=s.container_dir_grace_s,
             interval_s=s.cleanup_interval_s,
         )
@@ -269,6 +285,17 @@ class NodeAgent:
                 "cuda": backend.cuda_version(),
             },
         )
+
+    def _attach_load(self, load: LoadSink, container: ResolvedContainer) -> None:
+        load.detach(container.key)  # a new owner of the directory replaces the old one's load
+        for device in container.limits.devices:
+            try:
+                load.attach(container.key, device.uuid, device.memory_limit_mib, device.cores)
+            except ValueError as exc:  # e.g. a restored directory from another GPU spec
+                log.warning(
+                    "simulated load not attached",
+                    extra={"node": self.node_name, "key": container.key, "error": str(exc)},
+                )
 
     def _context_overhead(self, catalog: DeviceCatalog) -> Callable[[tuple[str, ...]], int] | None:
         rules = parse_overheads(self._settings.context_overhead)

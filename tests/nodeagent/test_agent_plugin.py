@@ -119,6 +119,8 @@ async def test_inventory_on_start_on_change_and_as_heartbeat(
         await wait_until(lambda: len(usages) >= 2, what="usage")
         assert usages[-1].node == NODE
         assert [u.uuid for u in usages[-1].gpus] == [g.uuid for g in first.gpus]
+        # Nothing runs on this node: simulated GPUs say so rather than invent load.
+        assert all((u.memory_used_mib, u.sm_util_percent) == (0, 0.0) for u in usages[-1].gpus)
     finally:
         await agent.stop()
 

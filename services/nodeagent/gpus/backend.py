@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from services.common.schemas import GpuDevice, GpuUsage
 
@@ -49,3 +49,20 @@ class GpuBackend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class LoadSink(Protocol):
+    """Optional, for backends that make up GPU load (simulated GPUs): the agent tells them
+    which container holds which slice, so the load they report follows what really runs.
+    Real GPUs measure their load and do not have these methods; the agent checks with
+    isinstance and skips the calls otherwise."""
+
+    def attach(self, key: str, gpu_uuid: str, memory_limit_mib: int, cores: int) -> None:
+        """Container directory `key` holds a slice of `gpu_uuid` (memory_limit_mib 0 = the
+        whole card, cores 0 = no compute limit). ValueError for an unknown GPU."""
+        ...
+
+    def detach(self, key: str) -> None:
+        """Container directory `key` is gone (no-op if it held nothing)."""
+        ...

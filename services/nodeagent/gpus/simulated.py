@@ -1,8 +1,16 @@
 """Simulated GPUs for laptops, CI and `vgpu up`: a spec such as "2xA100-40GB,1xT4".
 
 UUIDs are uuid5(node name, index), so an agent restarted on the same node advertises the same
-device IDs. Utilisation follows a smooth deterministic wave per GPU (see `usage`), so graphs
-move without randomness and tests can pin the clock; `set_usage` pins it per GPU instead.
+device IDs. A simulated GPU reports only the load of what runs on it: idle, it reads 0 % SM,
+0 % memory and 0 MiB. The node agent tells the backend (the optional `LoadSink` protocol)
+which container holds which slice (`attach`) and when it is gone (`detach`); each attached
+slice then runs a deterministic synthetic workload inside its limits, a smooth wave keyed on
+the container key (see `slice_load`), so graphs move without randomness and tests can pin
+the clock. A GPU's load is the sum over its slices, clamped at the card; each attached
+container also shows as one compute process with a fake PID (see `simulated_pid`).
+`set_usage` pins a GPU's figures instead (its synthetic load and processes are then hidden);
+`add_process` lists a process by hand.
+
 Faults for demos and tests: `inject_xid` (goes through the same health policy as NVML's XID
 events), `remove_gpu` (the GPU stops answering) and `set_healthy`. A model missing from the
 table can be given inline as `<count>x<name>:<memory MiB>:<SMs>`.
@@ -10,6 +18,7 @@ table can be given inline as `<count>x<name>:<memory MiB>:<SMs>`.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import queue
 import re
@@ -52,8 +61,17 @@ SIMULATED_DRIVER_VERSION = "550.54.15-sim"
 SIMULATED_CUDA_VERSION = "12.4"
 _SPEC_PART = re.compile(r"^(?P<count>\d+)\s*[xX]\s*(?P<model>\S+)$")
 _INLINE_MODEL = re.compile(r"^(?P<name>[A-Za-z0-9_.-]+):(?P<memory>\d+):(?P<sms>\d+)$")
-# Period of the synthetic utilisation wave; GPUs are phase-shifted so they differ.
+# Period of a slice's synthetic workload; each container's wave has its own phase.
 USAGE_PERIOD_S = 120.0
+# A slice's synthetic memory use moves between these fractions of its memory limit.
+MEMORY_LOW, MEMORY_HIGH = 0.5, 0.9
+# Its SM utilisation moves between these fractions of its cores share (100 % if uncapped).
+SM_LOW, SM_HIGH = 0.25, 1.0
+# Memory-controller utilisation follows SM utilisation at this ratio.
+MEMORY_UTIL_PER_SM = 0.5
+# Linux PIDs never exceed 2**22 (PID_MAX_LIMIT), so fake PIDs from here on can never name a
+# real process: /proc lookups for them find nothing and attribute them to no container.
+FAKE_PID_BASE = 1 << 22
 
 
 def parse_spec(spec: str) -> list[GpuModel]:
@@ -91,8 +109,55 @@ def simulated_uuid(node_name: str, index: int) -> str:
     return f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{node_name}/{index}')}"
 
 
+def _digest(key: str) -> int:
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+
+
+def simulated_pid(key: str) -> int:
+    """The fake PID a container's synthetic workload shows under: stable per key, and above
+    any PID Linux can hand out (FAKE_PID_BASE), below 2**31."""
+    return FAKE_PID_BASE + _digest(key) % ((1 << 31) - FAKE_PID_BASE)
+
+
+@dataclass(frozen=True)
+class SliceLoad:
+    """What one attached slice uses at one moment."""
+
+    memory_used_mib: int
+    sm_util_percent: float
+    memory_util_percent: float
+
+
+@dataclass(frozen=True)
+class _Slice:
+    key: str
+    gpu_uuid: str
+    memory_limit_mib: int  # already resolved: 0 (whole card) and oversize become the card
+    cores: int  # already resolved: 0 (uncapped) becomes 100
+
+
+def slice_load(key: str, memory_limit_mib: int, cores: int, now: float) -> SliceLoad:
+    """The synthetic workload of container `key` in a slice of `memory_limit_mib` MiB and
+    `cores` percent of the SMs, at time `now`: memory between MEMORY_LOW and MEMORY_HIGH of
+    the limit, SM between SM_LOW and SM_HIGH of `cores`, both on a sine of period
+    USAGE_PERIOD_S whose phase comes from the key (SM a quarter period after memory)."""
+    phase = _digest(key) / 2**64
+    turn = now / USAGE_PERIOD_S + phase
+    memory_level = (1 + math.sin(2 * math.pi * turn)) / 2  # 0 .. 1
+    sm_level = (1 + math.sin(2 * math.pi * (turn + 0.25))) / 2
+    low = math.ceil(memory_limit_mib * MEMORY_LOW)
+    high = max(low, math.floor(memory_limit_mib * MEMORY_HIGH))
+    sm = round(cores * (SM_LOW + (SM_HIGH - SM_LOW) * sm_level), 2)
+    return SliceLoad(
+        memory_used_mib=low + round((high - low) * memory_level),
+        sm_util_percent=sm,
+        memory_util_percent=round(sm * MEMORY_UTIL_PER_SM, 2),
+    )
+
+
 class SimulatedGpuBackend:
-    """A GpuBackend over simulated GPUs, with utilisation and faults under the caller's control."""
+    """A GpuBackend over simulated GPUs, with load from attached slices (a LoadSink) and
+    faults under the caller's control."""
 
     def __init__(self, node_name: str, spec: str, clock: Callable[[], float] = time.time) -> None:
         models = parse_spec(spec)
@@ -114,6 +179,8 @@ class SimulatedGpuBackend:
         ]
         self._pinned: dict[str, GpuUsage] = {}
         self._processes: dict[tuple[int, str], GpuProcess] = {}
+        # Replaced, never mutated: usage() reads it in a worker thread while attach() runs.
+        self._slices: dict[tuple[str, str], _Slice] = {}
         self._events: queue.Queue[HealthEvent] = queue.Queue()
         self._removed: set[str] = set()
 
@@ -152,7 +219,7 @@ class SimulatedGpuBackend:
     def set_usage(
         self, gpu_uuid: str, sm_util_percent: float, memory_used_mib: int, memory_util: float = 0.0
     ) -> None:
-        """Pin a GPU's utilisation instead of the wave."""
+        """Pin a GPU's figures: it reports them instead of its slices' synthetic load."""
         self._position(gpu_uuid)
         self._pinned[gpu_uuid] = GpuUsage(
             uuid=gpu_uuid,
@@ -173,15 +240,56 @@ class SimulatedGpuBackend:
     def remove_process(self, pid: int) -> None:
         self._processes = {k: p for k, p in self._processes.items() if p.pid != pid}
 
+    def attach(self, key: str, gpu_uuid: str, memory_limit_mib: int, cores: int) -> None:
+        """Container `key` now holds a slice of `gpu_uuid` (memory_limit_mib 0 = the whole
+        card, cores 0 = uncapped); it replaces what `key` held on that GPU."""
+        position = self._position(gpu_uuid)
+        if memory_limit_mib < 0 or cores < 0:
+            raise ValueError(
+                f"bad slice for {key!r} on {gpu_uuid}: memory_limit_mib={memory_limit_mib} and "
+                f"cores={cores} must not be negative"
+            )
+        card = self._devices[position].memory_mib
+        held = _Slice(
+            key=key,
+            gpu_uuid=gpu_uuid,
+            memory_limit_mib=min(memory_limit_mib, card) if memory_limit_mib else card,
+            cores=min(cores, 100) if cores else 100,
+        )
+        self._slices = {**self._slices, (key, gpu_uuid): held}
+
+    def detach(self, key: str) -> None:
+        """Container `key` is gone: its slices stop loading their GPUs."""
+        self._slices = {k: held for k, held in self._slices.items() if held.key != key}
+
+    def _loads(self, now: float) -> list[tuple[_Slice, SliceLoad]]:
+        """Every attached slice on a GPU that reports synthetic load (not pinned or removed)."""
+        return [
+            (held, slice_load(held.key, held.memory_limit_mib, held.cores, now))
+            for held in self._slices.values()
+            if held.gpu_uuid not in self._pinned and held.gpu_uuid not in self._removed
+        ]
+
     def processes(self) -> list[GpuProcess]:
-        return list(self._processes.values())
+        """Processes added by hand, then one per attached slice (pid `simulated_pid(key)`)."""
+        synthetic = [
+            GpuProcess(
+                pid=simulated_pid(held.key),
+                uuid=held.gpu_uuid,
+                memory_used_mib=load.memory_used_mib,
+                sm_util_percent=load.sm_util_percent,
+            )
+            for held, load in self._loads(self._clock())
+        ]
+        return list(self._processes.values()) + synthetic
 
     def usage(self) -> list[GpuUsage]:
-        """SM utilisation 50% +- 40% on a sine of period USAGE_PERIOD_S, shifted per GPU by
-        index/count of a period; memory use follows the same wave at 20-60% of the card.
-        Pinned GPUs report their pinned figures; removed ones report nothing."""
-        now = self._clock()
-        count = len(self._devices)
+        """Per GPU, the sum of its attached slices' synthetic load, clamped at the card's
+        memory and 100 %; zero without slices. Pinned GPUs report their pinned figures;
+        removed ones report nothing."""
+        by_gpu: dict[str, list[SliceLoad]] = {}
+        for held, load in self._loads(self._clock()):
+            by_gpu.setdefault(held.gpu_uuid, []).append(load)
         found: list[GpuUsage] = []
         for device in self._devices:
             if device.uuid in self._removed:
@@ -190,14 +298,16 @@ class SimulatedGpuBackend:
             if pinned is not None:
                 found.append(pinned)
                 continue
-            phase = 2 * math.pi * (now / USAGE_PERIOD_S + device.index / count)
-            wave = math.sin(phase)  # -1 .. 1
+            loads = by_gpu.get(device.uuid, [])
+            memory = sum(load.memory_used_mib for load in loads)
+            sm = sum(load.sm_util_percent for load in loads)
+            memory_util = sum(load.memory_util_percent for load in loads)
             found.append(
                 GpuUsage(
                     uuid=device.uuid,
-                    memory_used_mib=int(device.memory_mib * (0.4 + 0.2 * wave)),
-                    sm_util_percent=round(50.0 + 40.0 * wave, 2),
-                    memory_util_percent=round(30.0 + 20.0 * wave, 2),
+                    memory_used_mib=min(memory, device.memory_mib),
+                    sm_util_percent=round(min(sm, 100.0), 2),
+                    memory_util_percent=round(min(memory_util, 100.0), 2),
                 )
             )
         return found
