@@ -99,15 +99,8 @@ async def test_claim_of_unknown_pod_or_container_is_refused(
 
 def _by_uid(uid: str, name: str, gpus: list[str], node: str = "n1") -> ClaimRequest:
     """As the node agent claims a plain init container found in the kubelet checkpoint."""
-    return ClaimRequest(
-        node=node,
-        namespace="",
-        pod="",
-        container=name,
-        device_ids=[f"{g}::{i}" for i, g in enumerate(gpus)],
-        gpu_uuids=gpus,
-        pod_uid=uid,
-    )
+    unnamed = {"metadata": {"namespace": "", "name": ""}}
+    return msgspec.structs.replace(_claim(unnamed, name, gpus, node), pod_uid=uid)
 
 
 async def test_claim_by_pod_uid_names_the_pod_in_the_reply(

@@ -19,13 +19,7 @@ from services.common.schemas import NodeInventory, NodeUsage, PreferredReply, Pr
 from services.nodeagent.grant import container_key
 from services.nodeagent.service import NodeAgent
 from services.nodeagent.settings import NodeAgentSettings
-from tests.nodeagent.harness import NODE, NodeDirs, agent_settings, node_dirs, wait_until
-
-
-@pytest.fixture
-async def dirs() -> AsyncIterator[NodeDirs]:
-    async with node_dirs() as made:
-        yield made
+from tests.nodeagent.harness import NODE, NodeDirs, agent_settings, wait_until
 
 
 @pytest.fixture

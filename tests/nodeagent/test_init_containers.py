@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from services.allocator.backend import LocalClusterBackend
 from services.allocator.service import Allocator
-from services.allocator.settings import AllocatorSettings
 from services.common.embedded_nats import EmbeddedNats
 from services.common.kubelet import deviceplugin_v1beta1_pb2 as pb
 from services.nodeagent.grant import container_key
@@ -26,7 +23,6 @@ from tests.nodeagent.harness import (
     RESOURCE,
     NodeDirs,
     gpu_pod,
-    node_dirs,
     running_node,
     wait_until,
 )
@@ -57,22 +53,6 @@ def init_pod() -> dict[str, Any]:
 
 def read_limits(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines())
-
-
-@pytest.fixture
-async def allocator(nats_server: EmbeddedNats) -> AsyncIterator[Allocator]:
-    started = Allocator(
-        AllocatorSettings(nats_url=nats_server.url, http_port=0), LocalClusterBackend()
-    )
-    await started.start()
-    yield started
-    await started.stop()
-
-
-@pytest.fixture
-async def dirs() -> AsyncIterator[NodeDirs]:
-    async with node_dirs() as made:
-        yield made
 
 
 async def test_plain_init_container_gets_its_own_limits_through_the_checkpoint(

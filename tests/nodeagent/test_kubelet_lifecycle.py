@@ -3,7 +3,6 @@ over real gRPC with the kubelet simulator."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -23,18 +22,11 @@ from tests.nodeagent.harness import (
     agent_settings,
     gpu_pod,
     kubelet_settings,
-    node_dirs,
     running_node,
     wait_until,
 )
 
 FAST = {"kubelet_watch_interval_s": 0.05, "usage_interval_s": 0.1}
-
-
-@pytest.fixture
-async def dirs() -> AsyncIterator[NodeDirs]:
-    async with node_dirs() as made:
-        yield made
 
 
 def health(kubelet: KubeletSimulator, gpu_uuid: str) -> set[str]:

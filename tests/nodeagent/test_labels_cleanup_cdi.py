@@ -15,7 +15,7 @@ from services.common.embedded_nats import EmbeddedNats
 from services.common.schemas import GpuDevice
 from services.nodeagent.grant import container_key
 from services.nodeagent.labels import KubernetesNodeLabeler, gpu_labels, label_value
-from tests.nodeagent.harness import NodeDirs, gpu_pod, node_dirs, running_node
+from tests.nodeagent.harness import NodeDirs, gpu_pod, running_node
 
 
 def gpu(index: int, model: str = "NVIDIA A100-SXM4-40GB", cc: str = "8.0") -> GpuDevice:
@@ -86,12 +86,6 @@ async def test_kubernetes_labeler_patches_the_node(
     assert seen[1][2] == {
         "metadata": {"labels": {"nvidia.com/gpu.product": None, "nvidia.com/gpu.count": "1"}}
     }
-
-
-@pytest.fixture
-async def dirs() -> AsyncIterator[NodeDirs]:
-    async with node_dirs() as made:
-        yield made
 
 
 async def test_directories_of_gone_containers_are_removed(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from services.nodeagent.grant import container_key
 from services.nodeagent.relay_protocol import MAX_LINE_BYTES, RelayProtocolError, decode_line
 from services.nodeagent.service import NodeAgent
 from services.simulators.kubelet import KubeletSimulator
-from tests.nodeagent.harness import NODE, NodeDirs, gpu_pod, node_dirs, running_node, wait_until
+from tests.nodeagent.harness import NODE, NodeDirs, gpu_pod, running_node, wait_until
 from tests.nodeagent.test_resolver import ClaimResponder
 
 FAST = {"relay_publish_interval_s": 0.05, "util_interval_s": 0.05, "usage_interval_s": 0.05}
@@ -47,12 +46,6 @@ async def inbox(bus: Bus) -> Inbox:
     )
     await bus.client.flush()
     return received
-
-
-@pytest.fixture
-async def dirs() -> AsyncIterator[NodeDirs]:
-    async with node_dirs() as made:
-        yield made
 
 
 async def admitted_dir(kubelet: KubeletSimulator, dirs: NodeDirs, pod: dict[str, Any]) -> Path:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import REGISTRY
 
@@ -181,18 +182,7 @@ async def test_init_container_is_claimed_by_pod_uid_and_needs_the_pod_named_back
     result = await kubelet.admit(pod)
     assert result.admitted, result.error
     setup, app = result.containers
-    await wait_until(
-        lambda: (dirs.container_root / container_key(app.device_ids) / "limits").exists(),
-        what="the app container's limits (PodResources)",
-    )
-    failed = await wait_until(
-        lambda: [
-            s
-            for s in spans.get_finished_spans()
-            if s.name == "device-plugin Allocate" and not s.status.is_ok
-        ],
-        what="the init container's failure",
-    )
+    failed = await _app_resolves_and_init_fails(dirs, app.device_ids, spans)
     assert "reply for pod uid uid-prep container setup names no pod" in str(
         failed[0].status.description
     )
@@ -224,11 +214,23 @@ async def test_a_broken_checkpoint_is_named_in_the_failure_and_spares_podresourc
     checkpoint.with_name("half").write_bytes(half)
     checkpoint.with_name("half").replace(checkpoint)
     setup, app = result.containers
+    failed = await _app_resolves_and_init_fails(dirs, app.device_ids, spans)
+    description = str(failed[0].status.description)
+    assert f"no container holds devices {sorted(setup.device_ids)}" in description
+    assert f"kubelet checkpoint {checkpoint} is truncated" in description
+    assert [r.container for r in claims.requests] == ["app"]
+
+
+async def _app_resolves_and_init_fails(
+    dirs: NodeDirs, app_device_ids: list[str], spans: InMemorySpanExporter
+) -> list[ReadableSpan]:
+    """Wait for the app container's limits (found through PodResources), then for the init
+    container's failed Allocate span; the failed spans."""
     await wait_until(
-        lambda: (dirs.container_root / container_key(app.device_ids) / "limits").exists(),
+        lambda: (dirs.container_root / container_key(app_device_ids) / "limits").exists(),
         what="the app container's limits (PodResources)",
     )
-    failed = await wait_until(
+    return await wait_until(
         lambda: [
             s
             for s in spans.get_finished_spans()
@@ -237,7 +239,3 @@ async def test_a_broken_checkpoint_is_named_in_the_failure_and_spares_podresourc
         timeout_s=15,
         what="the init container's failure",
     )
-    description = str(failed[0].status.description)
-    assert f"no container holds devices {sorted(setup.device_ids)}" in description
-    assert f"kubelet checkpoint {checkpoint} is truncated" in description
-    assert [r.container for r in claims.requests] == ["app"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -20,7 +19,7 @@ from services.common.embedded_nats import EmbeddedNats
 from services.common.schemas import ClaimRequest, GpuUsage, NodeUsage
 from services.nodeagent.gpus.simulated import SimulatedGpuBackend, simulated_pid
 from services.nodeagent.grant import container_key
-from tests.nodeagent.harness import NODE, NodeDirs, gpu_pod, node_dirs, running_node, wait_until
+from tests.nodeagent.harness import NODE, NodeDirs, gpu_pod, running_node, wait_until
 from tests.nodeagent.test_resolver import ClaimResponder
 
 SLICE_MIB, SLICE_CORES = 10240, 30  # what ClaimResponder decides per GPU
@@ -46,12 +45,6 @@ async def usages(bus: Bus) -> UsageInbox:
     )
     await bus.client.flush()
     return inbox
-
-
-@pytest.fixture
-async def dirs() -> AsyncIterator[NodeDirs]:
-    async with node_dirs() as made:
-        yield made
 
 
 def is_idle(usage: GpuUsage) -> bool:

@@ -7,18 +7,14 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator
 from typing import Any
-
-import pytest
 
 from services.allocator.backend import LocalClusterBackend
 from services.allocator.service import Allocator
-from services.allocator.settings import AllocatorSettings
 from services.common.embedded_nats import EmbeddedNats
 from services.nodeagent.grant import container_key
 from services.simulators.scheduler import SchedulerSimulator
-from tests.nodeagent.harness import NODE, NodeDirs, node_dirs, running_node, wait_until
+from tests.nodeagent.harness import NODE, NodeDirs, running_node, wait_until
 
 # Tight on purpose: with the allocator's default GPU policy (it packs) 4 GPUs hold the 20 pods'
 # 30 slices with few task slots to spare. The kubelet asks GetPreferredAllocation without
@@ -90,23 +86,6 @@ def expected_limits(spec: dict[str, Any]) -> dict[str, tuple[int, int, int]]:
 
 def read_limits(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines())
-
-
-@pytest.fixture
-async def allocator(nats_server: EmbeddedNats) -> AsyncIterator[Allocator]:
-    started = Allocator(
-        AllocatorSettings(nats_url=nats_server.url, http_port=0),
-        LocalClusterBackend(),
-    )
-    await started.start()
-    yield started
-    await started.stop()
-
-
-@pytest.fixture
-async def dirs() -> AsyncIterator[NodeDirs]:
-    async with node_dirs() as made:
-        yield made
 
 
 async def test_twenty_pods_shuffled_each_container_gets_its_own_limits(
