@@ -81,8 +81,15 @@ def _markdown(
     replays: int,
     took: float,
     versus: str = "",
+    short: bool = False,
 ) -> str:
     rest = versus
+    if short:
+        rest += (
+            "\n\nRows whose `seeds` is below the command's were computed with fewer seeds "
+            "for lack of session time (this table was assembled from earlier runs with "
+            "`--reuse ... --no-run`); the command above computes every row in full."
+        )
     if missing:
         rest += (
             "\n\nNot computed in this run (time): "
@@ -153,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[str] = []
     done_so_far: list[ReplayResult] = []
     means: dict[tuple[str, str], dict[str, object]] = {}
+    short = False
     raw = args.raw.open("a")
     for done, file in enumerate(files):
         pods = args.trace / f"openb_pod_list_{file}.csv"
@@ -176,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             if mine:
                 means[(file, policy)] = mean_results(mine)
                 rows.append(_row(file, means[(file, policy)], len(mine)))
+                short = short or len(mine) < seeds
         if default and args.plot:
             plot(results, args.plot, title="openb default, mean of seeds (vgpu simulate)")
         missing = [f for f in files[done + 1 :]]
@@ -187,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             len(done_so_far),
             sum(r.seconds for r in done_so_far),
             _versus_fgd(means),
+            short,
         )
         if not args.no_write:
             write_section("simulate", markdown)
