@@ -200,6 +200,8 @@ class ClusterState:
         # in GPUs' worth (what policies weigh against keeping whole nodes free).
         self.idle_nodes: dict[int, int] = {}
         self.free_gpus = 0.0
+        self.free_by_model: dict[str, float] = {}
+        self.gpus_by_model: dict[str, int] = {}
         self._classes: tuple[int, list[NodeState]] | None = None
 
     # -- inventory ------------------------------------------------------------------------
@@ -259,7 +261,12 @@ class ClusterState:
         if all(not g.used.slots for g in node.gpus):
             size = len(node.gpus)
             self.idle_nodes[size] = self.idle_nodes.get(size, 0) + sign
-        self.free_gpus += sign * sum(FULL_COMPUTE - g.used.cores for g in node.gpus) / FULL_COMPUTE
+        for gpu in node.gpus:
+            free = sign * (FULL_COMPUTE - gpu.used.cores) / FULL_COMPUTE
+            self.free_gpus += free
+            model = gpu.device.model
+            self.free_by_model[model] = self.free_by_model.get(model, 0.0) + free
+            self.gpus_by_model[model] = self.gpus_by_model.get(model, 0) + sign
 
     def _gpu_state(self, gpu: GpuDevice, scaling: float) -> GpuState:
         base = max(0, gpu.memory_mib - self.capacity.memory_reserve_mib)

@@ -17,7 +17,7 @@ from typing import Any
 from services.common.resources import DEFAULT_CONFIG, RequestConfig
 from services.common.schemas import ContainerAllocation, PodAllocation
 
-from .cluster import ClusterState, NodeState
+from .cluster import FULL_COMPUTE, ClusterState, NodeState
 from .fragmentation import Shape, WorkloadMix
 from .ledger import Ledger
 from .placement import NodePlacement, NoFit, describe_request, host_problem, need_text, place_pod
@@ -121,6 +121,10 @@ class PlacementCore:
     def observe(self, pod: PodRequest) -> None:
         """Count the pod's shapes in the recent workload mix (FGD's view of demand)."""
         self.mix.observe(Shape.of(r) for r in pod.app)
+        gpus = sum(
+            r.gpus * (r.cores / FULL_COMPUTE if r.gpus == 1 and r.cores > 0 else 1) for r in pod.app
+        )
+        self.mix.observe_models(pod.selection.use_types, gpus)
 
     def policies_of(self, pod: PodRequest) -> tuple[Policy, Policy]:
         return (
@@ -268,7 +272,7 @@ class PlacementCore:
         host_score = getattr(self.policies_of(pod)[0], "host_score", None)
         if host_score is None:
             return lambda fit, node: fit.raw_score
-        ctx = ScoreContext(self.mix.snapshot(), self.cluster)
+        ctx = ScoreContext(self.mix.snapshot(), self.cluster, self.mix.model_shares())
         return lambda fit, node: fit.raw_score + host_score(ctx, node, fit.host_view, pod)
 
     def placement(self, pod: PodRequest, node_name: str) -> NodePlacement:

@@ -154,6 +154,10 @@ class WorkloadMix:
         self._min_change = min_change
         self._since_refresh = 0
         self._snapshot = MixSnapshot(version=0, shapes=(), probs=())
+        # GPU demand by the models pods accept (() = any), over the same window.
+        self._accepted: deque[tuple[tuple[str, ...], float]] = deque(maxlen=window)
+        self._accepted_demand: Counter[tuple[str, ...]] = Counter()
+        self._model_shares: dict[tuple[str, ...], float] | None = {}
         self.observe(seed)
         self._refresh(force=True)
 
@@ -169,6 +173,29 @@ class WorkloadMix:
             self._since_refresh += 1
         if self._since_refresh >= self._refresh_every or not self._snapshot.shapes:
             self._refresh()
+
+    def observe_models(self, accepted: tuple[str, ...], gpus: float) -> None:
+        """One pod's GPU demand and the GPU models it accepts (() = any model)."""
+        if len(self._accepted) == self._accepted.maxlen:
+            old, demand = self._accepted[0]
+            self._accepted_demand[old] -= demand
+            if self._accepted_demand[old] <= 1e-9:
+                del self._accepted_demand[old]
+        self._accepted.append((accepted, gpus))
+        self._accepted_demand[accepted] += gpus
+        self._model_shares = None
+
+    def model_shares(self) -> dict[tuple[str, ...], float]:
+        """Share of the recent GPU demand that accepts only the given models, per set of
+        accepted models (model substrings, as nvidia.com/use-gputype gives them)."""
+        if self._model_shares is None:
+            total = sum(self._accepted_demand.values())
+            self._model_shares = {
+                accepted: demand / total
+                for accepted, demand in self._accepted_demand.items()
+                if accepted and total > 0
+            }
+        return self._model_shares
 
     def _refresh(self, force: bool = False) -> None:
         self._since_refresh = 0

@@ -67,6 +67,7 @@ class Trial:
 class ScoreContext:
     mix: MixSnapshot
     cluster: ClusterState | None = None  # cluster-wide figures, for host_score
+    model_shares: Mapping[tuple[str, ...], float] = field(default_factory=dict)  # WorkloadMix's
 
 
 class Policy(Protocol):
@@ -230,9 +231,12 @@ class HostPack(Binpack):
     where CPU is plentiful and CPU-light ones fill CPU-poor nodes. Opening an idle node earns
     no such credit while idle nodes of its size hold fewer GPUs than `whole_node_weight` x
     the recent demand share of pods asking for that many GPUs x the cluster's free GPUs:
-    those pods need whole nodes. Without CPU capacity hints (a real node agent sends none)
-    this is binpack exactly. Measured on the openb trace with `vgpu simulate`:
-    docs/simulate.md.
+    those pods need whole nodes. A scarce GPU model (pods accepting only it ask at least
+    `scarce_ratio` of its share of the cluster's GPUs) is kept for them: while its free GPUs
+    are fewer than `model_weight` x their demand share x the free GPUs, pods that accept
+    any model lose `model_penalty` there. Without CPU capacity hints (a real node agent
+    sends none) and without model-restricted pods this is binpack exactly. Measured on the
+    openb trace with `vgpu simulate`: docs/simulate.md.
     """
 
     name = "hostpack"
@@ -245,12 +249,19 @@ class HostPack(Binpack):
         weight: float = 10.0,
         min_share: float = 0.2,
         whole_node_weight: float = 2.0,
+        model_weight: float = 2.0,
+        scarce_ratio: float = 0.5,
+        model_penalty: float = 1.0,
     ) -> None:
         self.cpu_per_gpu_milli = cpu_per_gpu_milli  # openb GPU pods: median 11,400, mean 12,070
         self.starved_cpu_per_gpu_milli = starved_cpu_per_gpu_milli
         self.weight = weight
         self.min_share = min_share
         self.whole_node_weight = whole_node_weight
+        self.model_weight = model_weight
+        self.scarce_ratio = scarce_ratio
+        self.model_penalty = model_penalty
+        self._reserved: tuple[ScoreContext, frozenset[str]] | None = None
 
     def usable(self, key: tuple[object, ...]) -> float:
         share = free_share(key)
@@ -279,8 +290,17 @@ class HostPack(Binpack):
     def host_score(
         self, ctx: ScoreContext, node: NodeState, view: tuple[float, float, bool], pod: PodRequest
     ) -> float:
+        score = 0.0
+        if (
+            ctx.model_shares  # only while pods restricted to some models are in the mix
+            and self.model_weight
+            and not pod.selection.use_types
+            and len(node.models) == 1
+            and node.models[0] in self._reserved_models(ctx)
+        ):
+            score -= self.model_penalty  # keep it for the pods that can only go there
         if not node.cpu_milli:
-            return 0.0
+            return score
         before, after, idle = view
         cpu = node.cpu_milli - node.used_cpu_milli
         stranded_before = self.stranded(before, cpu)
@@ -293,7 +313,29 @@ class HostPack(Binpack):
             if (ctx.cluster.idle_nodes.get(size, 0) - 1) * size < self.whole_node_weight * whole:
                 stranded_before = 0.0
         growth = self.stranded(after, cpu - pod.cpu_milli) - stranded_before
-        return -self.weight * growth
+        return score - self.weight * growth
+
+    def _reserved_models(self, ctx: ScoreContext) -> frozenset[str]:
+        """Scarce GPU models kept for the pods that accept only them (memoised per call)."""
+        memo = self._reserved
+        if memo is not None and memo[0] is ctx:
+            return memo[1]
+        reserved: set[str] = set()
+        cluster = ctx.cluster
+        if cluster is not None and ctx.model_shares:
+            capacity = sum(cluster.gpus_by_model.values()) or 1
+            expected = dict.fromkeys(cluster.gpus_by_model, 0.0)
+            for accepted, share in ctx.model_shares.items():
+                allowed = [m for m in expected if any(t in m.lower() for t in accepted)]
+                for model in allowed:
+                    expected[model] += share / len(allowed)
+            for model, share in expected.items():
+                scarce = share >= self.scarce_ratio * cluster.gpus_by_model[model] / capacity
+                short = cluster.free_by_model[model] < self.model_weight * share * cluster.free_gpus
+                if share and scarce and short:
+                    reserved.add(model)
+        self._reserved = (ctx, frozenset(reserved))
+        return self._reserved[1]
 
     def to_scores(self, raw: Mapping[str, float]) -> dict[str, int]:
         return relative_scores(raw)

@@ -125,6 +125,7 @@ def test_idle_nodes_and_free_gpus_follow_every_charge() -> None:
     assert cluster.idle_nodes == {2: 1, 4: 1} and cluster.free_gpus == 6
     cluster.charge("b", {"GPU-b-0": Charge(1000, 30, 1)}, 0, 0, 1)
     assert cluster.idle_nodes == {2: 1, 4: 0} and cluster.free_gpus == 5.7
+    assert cluster.free_by_model == {"A100-40GB": 5.7} and cluster.gpus_by_model == {"A100-40GB": 6}
     cluster.update(msgspec.structs.replace(node_inventory("b", 4), cpu_milli=8000))
     assert cluster.idle_nodes == {2: 1, 4: 0}, "a new inventory keeps the node's usage"
     cluster.charge("b", {"GPU-b-0": Charge(1000, 30, 1)}, 0, 0, -1)

@@ -151,3 +151,18 @@ def test_hostpack_keeps_idle_nodes_while_whole_node_pods_are_in_demand() -> None
         cluster.put(pod(500), "used")
         assert cluster.core.cluster.idle_nodes == {2: 1}
         assert cluster.place(light)[0] == expected, whole_node_pods_seen
+
+
+def test_hostpack_keeps_a_scarce_model_for_the_pods_that_accept_only_it() -> None:
+    t4 = node("t4", 2)
+    g2 = TraceNode("g2", cpu_milli=64000, memory_mib=262144, gpus=2, model="G2",
+                   gpu_memory_mib=20000)  # fmt: skip
+    only_t4 = TracePod("t4-only", cpu_milli=1000, memory_mib=1024, num_gpu=1, gpu_milli=1000,
+                       gpu_models=("T4",))  # fmt: skip
+    for t4_only_pods_seen, expected in ((0, "t4"), (5, "g2")):
+        cluster = Cluster("hostpack", [t4, g2])
+        for _ in range(t4_only_pods_seen):  # the recent mix: pods that accept only T4
+            cluster.core.observe(cluster.core.parse(manifest(only_t4, "seen")))
+        cluster.put(pod(500), "t4")  # binpack alone would fill t4 first
+        assert cluster.place(pod(300))[0] == expected, t4_only_pods_seen
+        assert cluster.place(only_t4)[0] == "t4"  # the pods it is kept for still get it
