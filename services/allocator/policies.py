@@ -273,9 +273,10 @@ class HostPack(Binpack):
             short += usable_gpus  # so little CPU per GPU that few pods could use any of them
         return short
 
-    # node_score (binpack's, GPU state only) is cached per node and pod shape; the CPU part
-    # depends on the pod's CPU, which the shape leaves out, so the core adds host_score
-    # uncached (PlacementCore._raw) to the usable free GPUs host_view cached with the fit.
+    # node_score (binpack's, GPU state only) is cached per node and pod shape; the CPU and
+    # model parts depend on the pod's CPU and the cluster, which the cache key leaves out, so
+    # the core adds host_score uncached (PlacementCore._scorer), reading what host_view
+    # cached with the fit.
     def host_view(self, trial: Trial) -> tuple[float, float, bool]:
         """The node's usable free GPUs before and after the pod, and whether it was idle."""
         before = after = 0.0
