@@ -37,15 +37,7 @@ class ClaimHandlers:
 
     async def claim(self, request: ClaimRequest) -> ClaimReply:
         try:
-            allocation, container = await self._engine.claim(
-                request.node,
-                request.namespace,
-                request.pod,
-                request.container,
-                list(request.device_ids),
-                list(request.gpu_uuids),
-                request.pod_uid,
-            )
+            allocation, container = await self._engine.claim(request)
         except ClaimError as exc:
             CLAIMS.labels(outcome="refused").inc()
             raise ReplyError(str(exc)) from exc

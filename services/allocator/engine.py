@@ -21,6 +21,7 @@ from services.common import subjects
 from services.common.resources import RequestError
 from services.common.schemas import (
     AllocationEvent,
+    ClaimRequest,
     ContainerAllocation,
     GpuSlice,
     NodeInventory,
@@ -295,22 +296,13 @@ class PlacementEngine:
 
     # -- claim / preferred ----------------------------------------------------------------
 
-    async def claim(
-        self,
-        node: str,
-        namespace: str,
-        pod: str,
-        container: str,
-        device_ids: list[str],
-        gpu_uuids: list[str],
-        pod_uid: str = "",
-    ) -> tuple[PodAllocation, ContainerAllocation]:
+    async def claim(self, request: ClaimRequest) -> tuple[PodAllocation, ContainerAllocation]:
         """The node agent reports the devices a container got; return its decision. The pod is
         named by namespace/name, or by `pod_uid` alone when both are empty."""
+        node, container = request.node, request.container
+        device_ids, gpu_uuids = list(request.device_ids), list(request.gpu_uuids)
         for attempt in range(2):
-            allocation, decided = self._claimed_container(
-                node, namespace, pod, container, device_ids, gpu_uuids, pod_uid
-            )
+            allocation, decided = self._claimed_container(request)
             if decided.claimed and sorted(decided.device_ids) == sorted(device_ids):
                 return allocation, decided  # the agent asked again: same answer
             try:
@@ -351,15 +343,10 @@ class PlacementEngine:
         return allocation, decided
 
     def _claimed_container(
-        self,
-        node: str,
-        namespace: str,
-        pod: str,
-        container: str,
-        device_ids: list[str],
-        gpu_uuids: list[str],
-        pod_uid: str = "",
+        self, request: ClaimRequest
     ) -> tuple[PodAllocation, ContainerAllocation]:
+        node, namespace, pod = request.node, request.namespace, request.pod
+        container, pod_uid = request.container, request.pod_uid
         if namespace or pod:
             allocation = self.ledger.find(node, namespace, pod)
             if allocation is None:
@@ -378,7 +365,7 @@ class PlacementEngine:
                 f"pod {namespace}/{pod} on node {node!r} has no GPU allocation for container "
                 f"{container!r} (containers with one: {known})"
             )
-        if not device_ids or not gpu_uuids:
+        if not request.device_ids or not request.gpu_uuids:
             raise ClaimError(
                 f"claim for {namespace}/{pod} container {container!r} names no devices"
             )

@@ -20,6 +20,7 @@ from prometheus_client import Gauge
 
 from services.common import subjects
 from services.common.bus import Bus
+from services.common.http_server import serve
 from services.common.schemas import NodeInventory, PendingPod, PendingReason
 
 from .backend import ClusterBackend, LocalClusterBackend
@@ -138,13 +139,11 @@ class Allocator:
         await self._bus.subscribe(subjects.INVENTORY_ALL, NodeInventory, self._on_inventory)
         await ClaimHandlers(self.engine).serve(self._bus)
         await self._bus.client.flush()  # the server has our subscriptions before we answer
-        self._runner = web.AppRunner(
-            build_app(self.engine, self._health, self._ready, self._on_filtered), access_log=None
+        self._runner, self._port = await serve(
+            build_app(self.engine, self._health, self._ready, self._on_filtered),
+            settings.http_host,
+            settings.http_port,
         )
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, settings.http_host, settings.http_port)
-        await site.start()
-        self._port = int(self._runner.addresses[0][1])
         if settings.webhook_port >= 0:
             from .webhook import WebhookServer
 

@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import Counter
 
+from services.common.http_server import serve
 from services.common.resources import (
     KAI_FRACTION,
     KAI_MEMORY,
@@ -146,12 +147,9 @@ class WebhookServer:
         context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
         app = web.Application()
         app.router.add_post("/mutate", self._mutate)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(
-            self._runner, settings.webhook_host, settings.webhook_port, ssl_context=context
-        ).start()
-        self._port = int(self._runner.addresses[0][1])
+        self._runner, self._port = await serve(
+            app, settings.webhook_host, settings.webhook_port, ssl_context=context
+        )
         log.info("admission webhook serving", extra={"url": self.url})
 
     async def stop(self) -> None:

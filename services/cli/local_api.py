@@ -11,6 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from services.allocator.backend import BackendError, LocalClusterBackend
+from services.common.http_server import serve
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -37,10 +38,7 @@ class LocalApiServer:
                 web.get("/api/v1/namespaces/{namespace}/pods/{name}", self._get),
             ]
         )
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self._host, 0).start()
-        self._port = int(self._runner.addresses[0][1])
+        self._runner, self._port = await serve(app, self._host)
 
     async def stop(self) -> None:
         runner, self._runner = self._runner, None

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from services.common import subjects
 from services.common.bus import Bus
+from services.common.http_server import serve
 from services.common.schemas import (
     AllocationEvent,
     ContainerUsage,
@@ -107,11 +108,9 @@ class MetricsService:
         await bus.client.flush()  # the server holds every subscription before we say we started
         http = MetricsHttp(self.view, self.stream, self._registry,
                            lambda: bus.client.is_connected)  # fmt: skip
-        self._runner = web.AppRunner(http.app(), access_log=None, shutdown_timeout=2.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.settings.http_host, self.settings.http_port)
-        await site.start()
-        self._port = self._runner.addresses[0][1]
+        self._runner, self._port = await serve(
+            http.app(), self.settings.http_host, self.settings.http_port, shutdown_timeout=2.0
+        )
         self._flusher = asyncio.create_task(self._flush_changes(), name="metrics-flush")
         log.info("metrics serving", extra={"url": self.url})
 

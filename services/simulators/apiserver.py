@@ -23,6 +23,8 @@ from typing import Any
 
 from aiohttp import web
 
+from services.common.http_server import serve
+
 KEEP_CHANGES = 1000  # changes kept for watches to resume from
 
 
@@ -135,10 +137,7 @@ class FakeApiServer:
                 web.get("/api/v1/nodes/{name}", self._get_node),
             ]
         )
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self._host, 0).start()
-        self._port = int(self._runner.addresses[0][1])
+        self._runner, self._port = await serve(app, self._host)
 
     async def stop(self) -> None:
         runner, self._runner = self._runner, None

@@ -18,6 +18,7 @@ import msgspec
 from aiohttp import web
 from opentelemetry.trace import Status, StatusCode
 
+from services.common.http_server import serve
 from services.common.kubelet import deviceplugin_v1beta1_pb2 as pb
 from services.common.kubelet import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from services.common.kubelet import podresources_v1_pb2_grpc as pr_grpc
@@ -121,14 +122,10 @@ class KubeletSimulator:
                 pb_grpc.add_RegistrationServicer_to_server, registration, self.kubelet_socket
             )
             self._servers.append((server, self.kubelet_socket))
-            runner = web.AppRunner(build_app(self), access_log=None)
-            await runner.setup()
-            self._runner = runner
             # A restart keeps the HTTP port, so `vgpu submit` finds the kubelet again.
-            port = self._port or self._settings.http_port
-            site = web.TCPSite(runner, self._settings.http_host, port)
-            await site.start()
-            self._port = runner.addresses[0][1]
+            self._runner, self._port = await serve(
+                build_app(self), self._settings.http_host, self._port or self._settings.http_port
+            )
         except BaseException:
             await self.stop()
             raise
