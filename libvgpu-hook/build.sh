@@ -49,11 +49,11 @@ cc "$OUT/libvgpu.so" $SHARED -Wl,-soname,libvgpu.so $HOOK_SOURCES -ldl -pthread 
 pids="$pids $!"
 # shellcheck disable=SC2086
 cc "$OUT/sim/libcuda.so.1" $SHARED -Wl,-soname,libcuda.so.1 \
-    sim/sim_config.c sim/sim_cuda.c sim/sim_exec.c sim/sim_procaddr.c -pthread &
+    sim/sim_config.c sim/sim_procs.c sim/sim_cuda.c sim/sim_exec.c sim/sim_procaddr.c -pthread &
 pids="$pids $!"
 # shellcheck disable=SC2086
 cc "$OUT/sim/libnvidia-ml.so.1" $SHARED -Wl,-soname,libnvidia-ml.so.1 \
-    sim/sim_config.c sim/sim_nvml.c -pthread &
+    sim/sim_config.c sim/sim_procs.c sim/sim_nvml.c -pthread &
 pids="$pids $!"
 for pid in $pids; do wait "$pid" || exit 1; done
 ln -sf libcuda.so.1 "$OUT/sim/libcuda.so"

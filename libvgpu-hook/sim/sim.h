@@ -6,8 +6,9 @@
  *   VGPU_SIM_NS_PER_BLOCK=<ns>        time a kernel takes per block of its grid (default 1000)
  *   VGPU_SIM_QUEUE_US=<us>            how far ahead of the GPU a stream may queue before a
  *                                     launch blocks (default 20000), like a full launch queue
- *   VGPU_SIM_STATE_DIR=<dir>          where the per-device timelines shared by all processes
- *                                     live (default /tmp/vgpu-sim-<uid>) */
+ *   VGPU_SIM_STATE_DIR=<dir>          where the per-device timelines and process tables
+ *                                     (sim_procs.h) shared by all processes live
+ *                                     (default /tmp/vgpu-sim-<uid>) */
 #ifndef VGPU_SIM_H
 #define VGPU_SIM_H
 

@@ -10,7 +10,9 @@
  * device is full. Thread-safe; contexts are per-thread current, as in CUDA.
  * Simplifications: no context stack; allocations belong to devices, not
  * contexts; memory is per process (each process sees whole devices), while
- * kernel execution time is shared by all processes (sim_exec.c). */
+ * kernel execution time is shared by all processes (sim_exec.c). What each
+ * process holds is also recorded in the device's shared process table
+ * (sim_procs.h), which the simulated NVML lists as the real one would. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -18,6 +20,7 @@
 #include <string.h>
 
 #include "sim_cuda.h"
+#include "sim_procs.h"
 
 #define MIB (1024ull * 1024ull)
 #define ALIGN 512ull
@@ -58,6 +61,22 @@ static struct {
 } devices[SIM_MAX_DEVICES];
 static struct sim_alloc *allocs; /* newest first */
 static unsigned long long next_handle = 1;
+static struct sim_procs procs[SIM_MAX_DEVICES]; /* what NVML lists per process (sim_procs.h) */
+
+/* This process's device memory as the device sees it, whatever the hook saw.
+ * Called with mu held, from every path that takes or gives charged memory. */
+static void device_charge(int dev, int64_t delta)
+{
+    sim_procs_charge(&procs[dev], delta);
+}
+
+/* The process shows on the device from its first context, as on hardware. */
+static void device_joined(int dev)
+{
+    pthread_mutex_lock(&mu);
+    sim_procs_charge(&procs[dev], 0);
+    pthread_mutex_unlock(&mu);
+}
 
 CUresult sim_check_init(void)
 {
@@ -88,6 +107,8 @@ SIM_EXPORT CUresult cuInit(unsigned int flags)
                 devices[i].default_pool.dev = i;
                 if (!(sim_timelines[i] = sim_timeline_open(&sim_cfg, i)))
                     rc = CUDA_ERROR_OUT_OF_MEMORY;
+                else
+                    (void)sim_procs_open(&procs[i], sim_cfg.state_dir, sim_cfg.uuid[i]);
             }
             if (rc == CUDA_SUCCESS)
                 atomic_store(&initialized, 1);
@@ -164,6 +185,7 @@ static CUresult new_context(CUcontext *pctx, CUdevice dev)
     ctx->dev = dev;
     ctx->null_stream.ctx = ctx;
     *pctx = sim_current = ctx;
+    device_joined(dev);
     return CUDA_SUCCESS;
 }
 
@@ -253,8 +275,10 @@ SIM_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
         }
         devices[dev].primary = ctx;
     }
-    if (devices[dev].primary)
+    if (devices[dev].primary) {
         devices[dev].primary_refs++;
+        device_charge(dev, 0);
+    }
     *pctx = devices[dev].primary;
     pthread_mutex_unlock(&mu);
     return *pctx ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
@@ -320,8 +344,10 @@ static CUresult take(int dev, size_t bytes, enum alloc_kind kind, int charge,
     a->kind = kind;
     a->next = allocs;
     allocs = a;
-    if (charge)
+    if (charge) {
         devices[dev].used += bytes;
+        device_charge(dev, (int64_t)bytes);
+    }
     pthread_mutex_unlock(&mu);
     *key = a->key;
     return CUDA_SUCCESS;
@@ -339,8 +365,10 @@ static CUresult give(unsigned long long key, enum alloc_kind kind)
         link = &a->next;
     if (a) {
         *link = a->next;
-        if (a->charged)
+        if (a->charged) {
             devices[a->dev].used -= a->bytes;
+            device_charge(a->dev, -(int64_t)a->bytes);
+        }
     }
     pthread_mutex_unlock(&mu);
     free(a);

@@ -1,13 +1,16 @@
 /* Simulated NVML (libnvidia-ml.so.1): the devices of VGPU_SIM_GPUS with the
- * UUIDs of VGPU_SIM_UUIDS (sim.h), whole-device memory figures (memory is per
- * process in the simulated driver, so NVML reports none in use) and GPU
- * utilisation from the shared timeline the simulated driver's kernels run on. */
+ * UUIDs of VGPU_SIM_UUIDS (sim.h), the compute processes of each device and
+ * their memory from the simulated driver's process table (sim_procs.h: what
+ * every process really holds, hook or no hook, with PIDs as the caller's PID
+ * namespace sees them), used memory as their sum, and GPU utilisation from the
+ * shared timeline the simulated driver's kernels run on. */
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "nvml_api.h"
 #include "sim.h"
+#include "sim_procs.h"
 
 #define MIB (1024ull * 1024ull)
 
@@ -21,6 +24,10 @@ static int init_count;
 static struct sim_config cfg;
 static struct nvmlDevice_st devices[SIM_MAX_DEVICES];
 static struct sim_timeline *timelines[SIM_MAX_DEVICES];
+/* Opened once and never closed: closing would drop the locks by which this
+ * process's own simulated driver shows its slots (sim_procs.h). */
+static struct sim_procs procs[SIM_MAX_DEVICES];
+static int procs_open[SIM_MAX_DEVICES];
 
 SIM_EXPORT nvmlReturn_t nvmlInit_v2(void)
 {
@@ -34,6 +41,8 @@ SIM_EXPORT nvmlReturn_t nvmlInit_v2(void)
                 devices[i].index = i;
                 if (!timelines[i])
                     timelines[i] = sim_timeline_open(&cfg, i);
+                if (!procs_open[i])
+                    (void)sim_procs_open(&procs[i], cfg.state_dir, cfg.uuid[i]), procs_open[i] = 1;
             }
         }
     }
@@ -45,6 +54,13 @@ SIM_EXPORT nvmlReturn_t nvmlInit_v2(void)
 
 SIM_EXPORT nvmlReturn_t nvmlInit(void)
 {
+    return nvmlInit_v2();
+}
+
+/* pynvml's nvmlInit; no flag changes anything here. */
+SIM_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
+{
+    (void)flags;
     return nvmlInit_v2();
 }
 
@@ -176,13 +192,29 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsig
     return copy_string(name, length, buf);
 }
 
+#define MAX_LISTED SIM_PROCS_SLOTS
+
+/* The device's memory held by live processes. */
+static unsigned long long used_bytes(nvmlDevice_t device)
+{
+    struct sim_proc_info found[MAX_LISTED];
+    unsigned long long used = 0;
+    pthread_mutex_lock(&mu);
+    int n = sim_procs_list(&procs[device->index], found, MAX_LISTED);
+    pthread_mutex_unlock(&mu);
+    for (int i = 0; i < n && i < MAX_LISTED; i++)
+        used += found[i].used_bytes;
+    return used < cfg.mib * MIB ? used : cfg.mib * MIB;
+}
+
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
     nvmlReturn_t rc = valid(device);
     if (rc || !memory)
         return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
-    memory->total = memory->free = cfg.mib * MIB;
-    memory->used = 0;
+    memory->total = cfg.mib * MIB;
+    memory->used = used_bytes(device);
+    memory->free = memory->total - memory->used;
     return NVML_SUCCESS;
 }
 
@@ -193,8 +225,10 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemo
         return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
     if (memory->version != nvmlMemory_v2)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
-    memory->total = memory->free = cfg.mib * MIB;
-    memory->reserved = memory->used = 0;
+    memory->total = cfg.mib * MIB;
+    memory->reserved = 0;
+    memory->used = used_bytes(device);
+    memory->free = memory->total - memory->used;
     return NVML_SUCCESS;
 }
 
@@ -214,5 +248,70 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlU
     device->last_sample_ns = now;
     device->last_busy_ns = busy;
     pthread_mutex_unlock(&mu);
+    return NVML_SUCCESS;
+}
+
+/* NVML's two-call protocol: too small a buffer (or none) gets the count and
+ * INSUFFICIENT_SIZE; no processes is SUCCESS with a count of 0. */
+static nvmlReturn_t running(nvmlDevice_t device, unsigned int *count, struct sim_proc_info *found,
+                            int *n)
+{
+    nvmlReturn_t rc = valid(device);
+    if (rc || !count)
+        return rc ? rc : NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&mu);
+    *n = sim_procs_list(&procs[device->index], found, MAX_LISTED);
+    pthread_mutex_unlock(&mu);
+    if (*n > MAX_LISTED)
+        *n = MAX_LISTED;
+    if ((unsigned)*n > *count) {
+        *count = (unsigned)*n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    *count = (unsigned)*n;
+    return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
+                                                                unsigned int *infoCount,
+                                                                nvmlProcessInfo_t *infos)
+{
+    struct sim_proc_info found[MAX_LISTED];
+    int n;
+    nvmlReturn_t rc = running(device, infoCount, found, &n);
+    if (rc)
+        return rc;
+    if (n && !infos)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < n; i++) {
+        infos[i].pid = found[i].pid;
+        infos[i].usedGpuMemory = found[i].used_bytes;
+        infos[i].gpuInstanceId = infos[i].computeInstanceId = NVML_VALUE_NOT_AVAILABLE_UINT;
+    }
+    return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
+                                                                unsigned int *infoCount,
+                                                                nvmlProcessInfo_t *infos)
+{
+    return nvmlDeviceGetComputeRunningProcesses_v3(device, infoCount, infos);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
+                                                             unsigned int *infoCount,
+                                                             nvmlProcessInfo_v1_t *infos)
+{
+    struct sim_proc_info found[MAX_LISTED];
+    int n;
+    nvmlReturn_t rc = running(device, infoCount, found, &n);
+    if (rc)
+        return rc;
+    if (n && !infos)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < n; i++) {
+        infos[i].pid = found[i].pid;
+        infos[i].usedGpuMemory = found[i].used_bytes;
+    }
     return NVML_SUCCESS;
 }

@@ -61,7 +61,11 @@ class NodeAgent:
         self._settings = settings
         # Simulated GPUs are made now so a bad spec fails at once; NVML starts in start().
         if gpu_backend is None and settings.simulate:
-            gpu_backend = backend_for(settings.node_name, settings.simulate)
+            gpu_backend = backend_for(
+                settings.node_name,
+                settings.simulate,
+                simulate_driver_dir=settings.simulate_driver_dir,
+            )
         self._backend = gpu_backend
         self._labeler = (
             labeler
@@ -126,7 +130,9 @@ class NodeAgent:
         if self._backend is not None:
             return self._backend
         try:
-            self._backend = backend_for(s.node_name, s.simulate, s.sysfs_root)
+            self._backend = backend_for(
+                s.node_name, s.simulate, s.sysfs_root, s.simulate_driver_dir
+            )
         except NvmlInitError as exc:
             if s.fail_on_init_error:
                 raise NvmlInitError(

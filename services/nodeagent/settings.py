@@ -14,6 +14,9 @@ class NodeAgentSettings(msgspec.Struct, kw_only=True, frozen=True):
     nats_url: str = "nats://127.0.0.1:4222"
     # Simulated GPUs, e.g. "4xA100-40GB" or "2xA100-40GB,1xT4"; empty means real GPUs (NVML).
     simulate: str = ""
+    # With `simulate`: the simulated CUDA driver's state directory (VGPU_SIM_STATE_DIR of the
+    # node's containers), whose per-process memory the simulated GPUs then list as NVML would.
+    simulate_driver_dir: str = ""
     # NVML cannot start: true = exit with the reason (NVIDIA's default); false = idle quietly
     # (for DaemonSets that also land on nodes without GPUs).
     fail_on_init_error: bool = True

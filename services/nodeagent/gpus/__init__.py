@@ -7,10 +7,14 @@ from services.nodeagent.gpus.nvml import NvmlGpuBackend, NvmlInitError
 from services.nodeagent.gpus.simulated import SimulatedGpuBackend
 
 
-def backend_for(node_name: str, simulate: str, sysfs_root: str = "/sys") -> GpuBackend:
-    """Simulated GPUs when `simulate` is set, else NVML (NvmlInitError when it cannot start)."""
+def backend_for(
+    node_name: str, simulate: str, sysfs_root: str = "/sys", simulate_driver_dir: str = ""
+) -> GpuBackend:
+    """Simulated GPUs when `simulate` is set (showing the processes of the simulated CUDA
+    driver whose state lives in `simulate_driver_dir`, if given), else NVML (NvmlInitError
+    when it cannot start)."""
     if simulate:
-        return SimulatedGpuBackend(node_name, simulate)
+        return SimulatedGpuBackend(node_name, simulate, driver_state_dir=simulate_driver_dir)
     try:
         import pynvml
     except ImportError as exc:  # a broken install, not a node without GPUs

@@ -11,6 +11,12 @@ container also shows as one compute process with a fake PID (see `simulated_pid`
 `set_usage` pins a GPU's figures instead (its synthetic load and processes are then hidden);
 `add_process` lists a process by hand.
 
+Real programs on the simulated CUDA driver (libvgpu-hook/sim) show too: given the driver's
+state directory (`driver_state_dir`, the VGPU_SIM_STATE_DIR of the node's containers, whose
+VGPU_SIM_UUIDS are these GPUs' UUIDs), every live process the driver gave memory or a context
+is listed with its host PID and what it really holds (`sim_driver.py`), hook or no hook, as
+NVML lists processes on hardware, and its memory counts in the GPU's used memory.
+
 Faults for demos and tests: `inject_xid` (goes through the same health policy as NVML's XID
 events), `remove_gpu` (the GPU stops answering) and `set_healthy`. A model missing from the
 table can be given inline as `<count>x<name>:<memory MiB>:<SMs>`.
@@ -19,6 +25,7 @@ table can be given inline as `<count>x<name>:<memory MiB>:<SMs>`.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import queue
 import re
@@ -26,10 +33,12 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import msgspec
 
 from services.common.schemas import GpuDevice, GpuUsage
+from services.nodeagent.gpus import sim_driver
 from services.nodeagent.gpus.backend import GpuProcess, HealthEvent
 
 
@@ -56,6 +65,8 @@ MODELS: dict[str, GpuModel] = {
     )
 }
 
+log = logging.getLogger("vgpu.nodeagent")
+
 _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://vgpu.io/simulated-gpu")
 SIMULATED_DRIVER_VERSION = "550.54.15-sim"
 SIMULATED_CUDA_VERSION = "12.4"
@@ -72,6 +83,7 @@ MEMORY_UTIL_PER_SM = 0.5
 # Linux PIDs never exceed 2**22 (PID_MAX_LIMIT), so fake PIDs from here on can never name a
 # real process: /proc lookups for them find nothing and attribute them to no container.
 FAKE_PID_BASE = 1 << 22
+MIB = 1024 * 1024
 
 
 def parse_spec(spec: str) -> list[GpuModel]:
@@ -159,9 +171,16 @@ class SimulatedGpuBackend:
     """A GpuBackend over simulated GPUs, with load from attached slices (a LoadSink) and
     faults under the caller's control."""
 
-    def __init__(self, node_name: str, spec: str, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        node_name: str,
+        spec: str,
+        clock: Callable[[], float] = time.time,
+        driver_state_dir: str | Path = "",
+    ) -> None:
         models = parse_spec(spec)
         self._clock = clock
+        self._driver_dir = Path(driver_state_dir) if driver_state_dir else None
         count = len(models)
         self._devices = [
             GpuDevice(
@@ -270,8 +289,31 @@ class SimulatedGpuBackend:
             if held.gpu_uuid not in self._pinned and held.gpu_uuid not in self._removed
         ]
 
+    def _driver_processes(self) -> list[GpuProcess]:
+        """What the simulated CUDA driver's live processes hold on these GPUs."""
+        if self._driver_dir is None:
+            return []
+        found: list[GpuProcess] = []
+        for device in self._devices:
+            if device.uuid in self._removed:
+                continue
+            try:
+                live = sim_driver.live_processes(self._driver_dir, device.uuid)
+            except (OSError, ValueError) as exc:
+                log.warning(
+                    "cannot read the simulated driver's processes",
+                    extra={"gpu": device.uuid, "error": str(exc)},
+                )
+                continue
+            found += [
+                GpuProcess(pid=p.pid, uuid=device.uuid, memory_used_mib=p.used_bytes // MIB)
+                for p in live
+            ]
+        return found
+
     def processes(self) -> list[GpuProcess]:
-        """Processes added by hand, then one per attached slice (pid `simulated_pid(key)`)."""
+        """Processes added by hand, the simulated driver's, then one per attached slice
+        (pid `simulated_pid(key)`)."""
         synthetic = [
             GpuProcess(
                 pid=simulated_pid(held.key),
@@ -281,7 +323,7 @@ class SimulatedGpuBackend:
             )
             for held, load in self._loads(self._clock())
         ]
-        return list(self._processes.values()) + synthetic
+        return list(self._processes.values()) + self._driver_processes() + synthetic
 
     def usage(self) -> list[GpuUsage]:
         """Per GPU, the sum of its attached slices' synthetic load, clamped at the card's
@@ -290,6 +332,9 @@ class SimulatedGpuBackend:
         by_gpu: dict[str, list[SliceLoad]] = {}
         for held, load in self._loads(self._clock()):
             by_gpu.setdefault(held.gpu_uuid, []).append(load)
+        real: dict[str, int] = {}
+        for process in self._driver_processes():
+            real[process.uuid] = real.get(process.uuid, 0) + process.memory_used_mib
         found: list[GpuUsage] = []
         for device in self._devices:
             if device.uuid in self._removed:
@@ -299,7 +344,7 @@ class SimulatedGpuBackend:
                 found.append(pinned)
                 continue
             loads = by_gpu.get(device.uuid, [])
-            memory = sum(load.memory_used_mib for load in loads)
+            memory = sum(load.memory_used_mib for load in loads) + real.get(device.uuid, 0)
             sm = sum(load.sm_util_percent for load in loads)
             memory_util = sum(load.memory_util_percent for load in loads)
             found.append(
