@@ -23,7 +23,7 @@ from services.allocator.backend import LocalClusterBackend
 from services.allocator.service import Allocator
 from services.allocator.settings import AllocatorSettings
 from services.cli.local_api import LocalApiServer
-from services.cli.state import UpState
+from services.cli.state import UpGpu, UpState
 from services.common.embedded_nats import EmbeddedNats
 from services.metrics.service import MetricsService
 from services.metrics.settings import MetricsSettings
@@ -130,6 +130,8 @@ class LocalCluster:
         pod_resources = root / "pod-resources"
         for directory in (plugin_dir, pod_resources, root / "containers"):
             directory.mkdir(parents=True)
+        self.sim_state_dir(name).mkdir()
+        os.chmod(self.sim_state_dir(name), 0o1777)  # container processes run as any user
         kubelet = KubeletSimulator(
             KubeletSimSettings(
                 node_name=name,
@@ -178,7 +180,17 @@ class LocalCluster:
             kubelets={name: kubelet.url for name, kubelet in self.kubelets.items()},
             work_dir=str(self.work_dir),
             pid=os.getpid(),
+            gpus={
+                name: [UpGpu(gpu.uuid, gpu.memory_mib) for gpu in agent.gpus]
+                for name, agent in self.agents.items()
+            },
+            driver_dir=str(Path(self.spec.hook_library).parent / "sim"),
+            sim_state_dirs={name: str(self.sim_state_dir(name)) for name in self.agents},
         )
+
+    def sim_state_dir(self, node: str) -> Path:
+        """Where the simulated devices of `node` keep what every process on them shares."""
+        return self.work_dir / node / "gpu-state"
 
     async def stop(self) -> None:
         """Stop everything started, newest first; one failure does not strand the rest."""

@@ -13,6 +13,7 @@ import msgspec
 
 from services.cli.inspect import inspect_command
 from services.cli.kubelet_sim_cmd import kubelet_sim
+from services.cli.run import run_command
 from services.cli.simulate_cmd import simulate
 from services.cli.state import StateError, default_state_file, read_state, write_state
 from services.common.config import ConfigError, load_settings
@@ -196,6 +197,7 @@ def metrics(config_file: str | None, **flags: Any) -> None:
 
 main.add_command(inspect_command)
 main.add_command(kubelet_sim)
+main.add_command(run_command)
 main.add_command(simulate)
 
 

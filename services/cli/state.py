@@ -8,6 +8,11 @@ from pathlib import Path
 import msgspec
 
 
+class UpGpu(msgspec.Struct, frozen=True):
+    uuid: str
+    memory_mib: int
+
+
 class UpState(msgspec.Struct, kw_only=True):
     nats_url: str
     api_url: str  # the local stand-in for the API server's pod endpoints
@@ -16,6 +21,10 @@ class UpState(msgspec.Struct, kw_only=True):
     kubelets: dict[str, str]  # node name -> kubelet simulator URL
     work_dir: str
     pid: int
+    # What `vgpu run` needs to stand in for the NVIDIA container runtime on simulated GPUs:
+    gpus: dict[str, list[UpGpu]] = {}  # node -> its simulated GPUs
+    driver_dir: str = ""  # the simulated libcuda.so.1 and libnvidia-ml.so.1
+    sim_state_dirs: dict[str, str] = {}  # node -> the simulated devices' shared state
 
     @property
     def extender_url(self) -> str:

@@ -1,0 +1,1 @@
+"""A small container runtime for `vgpu run`: namespaces, mounts and credentials (Linux only)."""
