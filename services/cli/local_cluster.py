@@ -148,6 +148,7 @@ class LocalCluster:
                 node_name=name,
                 nats_url=nats_url,
                 simulate=self.spec.simulate,
+                simulate_driver_dir=str(self.sim_state_dir(name)),
                 plugin_dir=str(plugin_dir),
                 pod_resources_socket=str(pod_resources / "kubelet.sock"),
                 container_root=str(root / "containers"),
