@@ -7,6 +7,7 @@ pods it was given with ``add_pod`` and refuses to bind or annotate others, as th
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Any, Protocol
 
@@ -37,10 +38,36 @@ def pod_key(pod: dict[str, Any]) -> tuple[str, str]:
     return namespace, metadata["name"]
 
 
+class ListWatchHandler(Protocol):
+    async def on_list(self, items: list[dict[str, Any]], listed_at: float) -> None: ...
+
+    async def on_change(self, kind: str, obj: dict[str, Any]) -> None: ...
+
+
 class LocalClusterBackend:
     def __init__(self) -> None:
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.events: list[dict[str, str]] = []  # what a real API server would keep as Events
+        self._watchers: list[asyncio.Queue[tuple[str, dict[str, Any]]]] = []
+
+    def _changed(self, kind: str, pod: dict[str, Any]) -> None:
+        for queue in self._watchers:
+            queue.put_nowait((kind, copy.deepcopy(pod)))
+
+    async def run_cluster_watch(self, nodes: ListWatchHandler, pods: ListWatchHandler) -> None:
+        """As KubernetesBackend's, from memory: no Node objects here (the agents' hints are
+        the nodes' capacity), and every pod bound through ``bind`` until it is removed."""
+        queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+        self._watchers.append(queue)
+        try:
+            await nodes.on_list([], 0.0)
+            bound = [copy.deepcopy(p) for p in self._pods.values() if p["spec"].get("nodeName")]
+            await pods.on_list(bound, 0.0)
+            while True:
+                kind, pod = await queue.get()
+                await pods.on_change(kind, pod)
+        finally:
+            self._watchers.remove(queue)
 
     def add_pod(self, pod: dict[str, Any]) -> None:
         """Make a pod known (a copy is kept); replaces a pod of the same namespace/name."""
@@ -57,7 +84,15 @@ class LocalClusterBackend:
         self._pods[key] = kept
 
     def remove_pod(self, namespace: str, name: str) -> None:
-        self._pods.pop((namespace, name), None)
+        pod = self._pods.pop((namespace, name), None)
+        if pod is not None:
+            self._changed("DELETED", pod)
+
+    def set_phase(self, namespace: str, name: str, phase: str) -> None:
+        """The pod ran to an end (Succeeded, Failed) or changed phase, as its kubelet says."""
+        pod = self._pod(namespace, name)
+        pod.setdefault("status", {})["phase"] = phase
+        self._changed("MODIFIED", pod)
 
     def _pod(self, namespace: str, name: str) -> dict[str, Any]:
         pod = self._pods.get((namespace, name))
@@ -75,6 +110,7 @@ class LocalClusterBackend:
         if bound and bound != node:
             raise BackendError(f"pod {namespace}/{name} is already assigned to node {bound}")
         spec["nodeName"] = node
+        self._changed("MODIFIED", pod)
 
     async def annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         self._pod(namespace, name)["metadata"]["annotations"].update(annotations)

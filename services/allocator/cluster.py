@@ -108,17 +108,19 @@ class NodeState:
     by_uuid: dict[str, GpuState]
     memory_scaling: float
     received_at: float
+    # What kube-scheduler sees (the Node's allocatable; else the agent's capacity hints;
+    # 0 = not known, then not checked) and what every pod bound here holds (host_usage.py).
+    cpu_milli: int = 0
+    host_memory_mib: int = 0
+    max_pods: int = 0
     used_cpu_milli: int = 0
     used_memory_mib: int = 0
+    used_pods: int = 0
     version: int = 0
     cache: dict[object, tuple[int, object]] = field(default_factory=dict)
     positions: dict[str, int] = field(default_factory=dict)  # uuid -> index in `gpus`
     _signature: tuple[int, tuple[object, ...]] | None = field(default=None, repr=False)
     _free_cores: tuple[int, tuple[int, ...]] | None = field(default=None, repr=False)
-
-    # Capacity hints, copied from the inventory: read for every node on every call.
-    cpu_milli: int = field(init=False)
-    host_memory_mib: int = field(init=False)
 
     # What an idle node can hold, without identity (its GPUs never change: a new inventory
     # makes a new NodeState), and the models among its GPUs.
@@ -127,8 +129,6 @@ class NodeState:
 
     def __post_init__(self) -> None:
         self.positions = {g.uuid: i for i, g in enumerate(self.gpus)}
-        self.cpu_milli = self.inventory.cpu_milli
-        self.host_memory_mib = self.inventory.host_memory_mib
         self.capacity_signature = (
             tuple(
                 (g.device.model, g.base_memory_mib, g.memory_mib, g.slots, g.device.numa_node)
@@ -136,6 +136,7 @@ class NodeState:
             ),
             self.cpu_milli,
             self.host_memory_mib,
+            self.max_pods,
         )
         self.models = tuple(sorted({g.device.model for g in self.gpus}))
 
@@ -176,6 +177,14 @@ class NodeState:
             self.cache.clear()
 
 
+class Allocatable(NamedTuple):
+    """A Node's status.allocatable as kube-scheduler reads it (0 = not stated)."""
+
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    pods: int = 0
+
+
 @dataclass(frozen=True)
 class CapacityConfig:
     memory_reserve_mib: int = 0
@@ -203,6 +212,7 @@ class ClusterState:
         self.free_by_model: dict[str, float] = {}
         self.gpus_by_model: dict[str, int] = {}
         self._classes: tuple[int, list[NodeState]] | None = None
+        self._allocatable: dict[str, Allocatable] = {}  # from Node objects (cluster watch)
 
     # -- inventory ------------------------------------------------------------------------
 
@@ -220,15 +230,58 @@ class ClusterState:
             inventory = msgspec.structs.replace(inventory, gpus=unique)
         previous = self._nodes.get(inventory.node)
         now = self._clock()
+        host = self.host_capacity(inventory)
         if (
             previous is not None
             and previous.inventory.gpus == inventory.gpus
-            and (previous.cpu_milli, previous.host_memory_mib)
-            == (inventory.cpu_milli, inventory.host_memory_mib)
+            and (previous.cpu_milli, previous.host_memory_mib, previous.max_pods) == host
         ):
             previous.inventory = inventory
             previous.received_at = now
             return False
+        self._build(inventory, host, previous, now)
+        return True
+
+    def host_capacity(self, inventory: NodeInventory) -> Allocatable:
+        """The node's CPU, memory and pod capacity: the Node object's allocatable where the
+        cluster stated it (what kube-scheduler checks), else the agent's hints."""
+        stated = self._allocatable.get(inventory.node)
+        hints = Allocatable(inventory.cpu_milli, inventory.host_memory_mib, inventory.max_pods)
+        if stated is None:
+            return hints
+        return Allocatable(*(s or h for s, h in zip(stated, hints, strict=True)))
+
+    def set_allocatable(self, node: str, allocatable: Allocatable | None) -> bool:
+        """Take (or, with None, forget) a Node object's allocatable; True when the node's
+        capacity changed."""
+        if allocatable is None:
+            if self._allocatable.pop(node, None) is None:
+                return False
+        elif self._allocatable.get(node) == allocatable:
+            return False
+        else:
+            self._allocatable[node] = allocatable
+        previous = self._nodes.get(node)
+        if previous is None:
+            return False
+        host = self.host_capacity(previous.inventory)
+        if (previous.cpu_milli, previous.host_memory_mib, previous.max_pods) == host:
+            return False
+        self._build(previous.inventory, host, previous, previous.received_at)
+        return True
+
+    def allocatable(self, node: str) -> Allocatable | None:
+        return self._allocatable.get(node)
+
+    def _build(
+        self,
+        inventory: NodeInventory,
+        host: Allocatable,
+        previous: NodeState | None,
+        received_at: float,
+    ) -> None:
+        """A new NodeState for the node (its capacity changed), usage carried over."""
+        unique = inventory.gpus
         scaling = self.capacity.node_memory_scaling.get(
             inventory.node, self.capacity.memory_scaling
         )
@@ -239,7 +292,10 @@ class ClusterState:
             gpus=gpus,
             by_uuid={g.uuid: g for g in gpus},
             memory_scaling=scaling,
-            received_at=now,
+            received_at=received_at,
+            cpu_milli=host.cpu_milli,
+            host_memory_mib=host.memory_mib,
+            max_pods=host.pods,
             version=(previous.version + 1) if previous else 0,
         )
         if previous is not None:
@@ -249,12 +305,12 @@ class ClusterState:
                     gpu.used = old.used
             node.used_cpu_milli = previous.used_cpu_milli
             node.used_memory_mib = previous.used_memory_mib
+            node.used_pods = previous.used_pods
         if previous is not None:
             self._account(previous, -1)
         self._nodes[inventory.node] = node
         self._account(node, 1)
         self.capacity_version += 1
-        return True
 
     def _account(self, node: NodeState, sign: int) -> None:
         """Add (1) or remove (-1) the node's part of the cluster-wide figures."""
@@ -296,6 +352,16 @@ class ClusterState:
         self._account(state, 1)
         state.touch()
 
+    def charge_host(self, node: str, cpu_milli: int, memory_mib: int, pods: int) -> None:
+        """Add (or, negative, remove) what a pod holds of the node's CPU, memory and pod
+        slots. GPU placements do not depend on it (checked uncached): no version bump."""
+        state = self._nodes.get(node)
+        if state is None:
+            return  # unknown node: host_usage keeps it; applied when the node reports
+        state.used_cpu_milli += cpu_milli
+        state.used_memory_mib += memory_mib
+        state.used_pods += pods
+
     def reset_usage(self, node: str) -> None:
         state = self._nodes.get(node)
         if state is None:
@@ -303,7 +369,7 @@ class ClusterState:
         self._account(state, -1)
         for gpu in state.gpus:
             gpu.used = Charge()
-        state.used_cpu_milli = state.used_memory_mib = 0
+        state.used_cpu_milli = state.used_memory_mib = state.used_pods = 0
         self._account(state, 1)
         state.touch()
 

@@ -22,7 +22,7 @@ from .fragmentation import Shape, WorkloadMix
 from .ledger import Ledger
 from .placement import NodePlacement, NoFit, describe_request, host_problem, need_text, place_pod
 from .pod_request import NUMA_BIND, PodRequest, Selection, parse_pod
-from .policies import MAX_SCORE, POLICIES, Policy, ScoreContext
+from .policies import MAX_SCORE, POLICIES, Policy, ScoreContext, relative_scores
 
 DEFAULT_POLICY = "hostpack"  # measured best on the openb trace: docs/simulate.md
 MIX_REFRESH_PER_CALL = 16  # cached scores refreshed per call after the mix moved
@@ -173,7 +173,11 @@ class PlacementCore:
         When the workload mix moves, cached scores of unchanged nodes stay in use and are
         refreshed a few per call (fit itself never depends on the mix), so a new mix never
         makes one call recompute the whole cluster."""
-        if (pod.cpu_milli and node.cpu_milli) or (pod.memory_mib and node.host_memory_mib):
+        if (
+            (pod.cpu_milli and node.cpu_milli)
+            or (pod.memory_mib and node.host_memory_mib)
+            or node.max_pods
+        ):
             problem = host_problem(node, pod)
             if problem is not None:
                 forever = host_problem(node, pod, empty=True) is not None
@@ -383,10 +387,14 @@ class PlacementCore:
                 room = node.free_cores()
                 if len(room) < single.gpus or room[single.gpus - 1] < single.cores:
                     continue
-            if (cpu and node.cpu_milli and cpu > node.cpu_milli - node.used_cpu_milli) or (
-                memory
-                and node.host_memory_mib
-                and memory > node.host_memory_mib - node.used_memory_mib
+            if (
+                (cpu and node.cpu_milli and cpu > node.cpu_milli - node.used_cpu_milli)
+                or (
+                    memory
+                    and node.host_memory_mib
+                    and memory > node.host_memory_mib - node.used_memory_mib
+                )
+                or (node.max_pods and node.used_pods >= node.max_pods)
             ):
                 if reasons:
                     yield name, node, evaluate(node, pod, key)
@@ -431,11 +439,31 @@ class PlacementCore:
             if type(result) is _Fit
         }
 
+    def cpu_pod_scores(self, pod: PodRequest, node_names: Iterable[str]) -> dict[str, float]:
+        """The node policy's host score (higher is better) of a pod without GPUs on each named
+        node that has room for its CPU, memory and one more pod. A node vgpu has no inventory
+        of has no GPUs to strand: 0, the best a host score gets. Policies without a host
+        score rank every node alike (0)."""
+        score = getattr(self.policies_of(pod)[0], "cpu_pod_score", None)
+        get = self.cluster.lookup()
+        raw: dict[str, float] = {}
+        for name in node_names:
+            node = get(name)
+            if node is None:
+                raw[name] = 0.0
+            elif host_problem(node, pod) is None:
+                raw[name] = 0.0 if score is None else score(node, pod)
+        return raw
+
     def prioritize(self, pod: PodRequest, node_names: Iterable[str]) -> dict[str, int]:
-        """Scores 0..10 by the pod's node policy; 0 for nodes that cannot take it."""
+        """Scores 0..10 by the pod's node policy; 0 for nodes that cannot take it. Pods without
+        GPUs get the host score (cpu_pod_scores): exactly the best nodes 10, others 0..9."""
         names = list(dict.fromkeys(node_names))
         node_policy, _ = self.policies_of(pod)
         scores = dict.fromkeys(names, 0)
+        if not pod.containers:
+            scores.update(relative_scores(self.cpu_pod_scores(pod, names)))
+            return scores
         if not getattr(node_policy, "absolute", False) or not pod.containers:
             scores.update(node_policy.to_scores(self.raw_scores(pod, names)))
             return scores
@@ -451,8 +479,7 @@ class PlacementCore:
         kube-scheduler the same ranking arrives quantised to 0..10 (see to_scores)."""
         names = self.cluster.nodes() if node_names is None else list(node_names)
         if not pod.containers:
-            passed = self.filter(pod, names).passed
-            return min(passed) if passed else None
+            return self._best_cpu_node(pod, names)
         if self.never_fits(pod):
             return None
         # One pass (filter + raw_scores would evaluate every passing node twice).
@@ -466,6 +493,22 @@ class PlacementCore:
                 if value > best_score or (value == best_score and name < best_name):
                     best_score, best_name = value, name
         return best_name or None
+
+    def _best_cpu_node(self, pod: PodRequest, names: Sequence[str]) -> str | None:
+        """A pod without GPUs: the best host score, then (as kube-scheduler's LeastAllocated
+        would) the most CPU and memory share left, then the lowest name."""
+        get = self.cluster.lookup()
+        best: tuple[float, float, str] | None = None
+        for name, raw in self.cpu_pod_scores(pod, names).items():
+            node = get(name)
+            left = 2.0
+            if node is not None:
+                left = _share_left(node.cpu_milli, node.used_cpu_milli + pod.cpu_milli)
+                left += _share_left(node.host_memory_mib, node.used_memory_mib + pod.memory_mib)
+            key = (-raw, -left, name)
+            if best is None or key < best:
+                best = key
+        return None if best is None else best[2]
 
     def commit(
         self, ref: PodRef, node_name: str, pod: PodRequest, traceparent: str = ""
@@ -499,3 +542,7 @@ class PlacementCore:
             allocation, {r.container: r for r in pod.containers}, pod.cpu_milli, pod.memory_mib
         )
         return allocation
+
+
+def _share_left(capacity: int, used: int) -> float:
+    return (capacity - used) / capacity if capacity else 1.0

@@ -18,6 +18,7 @@ from aiohttp import web
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
 
+from services.common.quantity import QuantityError
 from services.common.tracing import context_from_headers, current_traceparent, tracer
 
 from . import wire
@@ -92,11 +93,14 @@ def _serve_verb(
             try:
                 body = await request.read()
                 answer, outcome = await verb(body)
-            except wire.BadRequest as exc:
+            except (wire.BadRequest, QuantityError) as exc:
+                # A quantity that is not one: the API server never stores such a pod, so the
+                # body is not a v1.Pod it sent (kube-scheduler retries the pod later).
+                where = "Pod " if isinstance(exc, QuantityError) else ""
                 EXTENDER_CALLS.labels(verb=name, outcome="bad_request").inc()
                 span.set_status(Status(StatusCode.ERROR, str(exc)))
                 log.warning("bad extender request", extra={"verb": name, "error": str(exc)})
-                return _json({"Error": f"bad {name} request: {exc}"}, status=400)
+                return _json({"Error": f"bad {name} request: {where}{exc}"}, status=400)
             except web.HTTPException as exc:  # e.g. 413 for a body over MAX_BODY_BYTES
                 EXTENDER_CALLS.labels(verb=name, outcome="bad_request").inc()
                 span.set_status(Status(StatusCode.ERROR, exc.reason))

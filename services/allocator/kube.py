@@ -6,7 +6,9 @@
 - emit_event: POST a v1.Event (reason ``VgpuUnschedulable``) for scheduling failures;
 - run_pod_watch: list every pod, hand the list to the rebuild, then watch from the list's
   resourceVersion (relisting on 410 Gone) and release a pod's slices when it is deleted or
-  reaches Succeeded/Failed.
+  reaches Succeeded/Failed (the leader);
+- run_cluster_watch: Nodes (allocatable CPU, memory, pods) and the pods bound to them, GPU or
+  not, as kube-scheduler sees them (every replica; cluster_watch.py keeps the counts).
 
 The client is synchronous (urllib3), so every call runs in a worker thread.
 """
@@ -21,14 +23,14 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
 from kubernetes.client.rest import ApiException
 
-from .backend import BackendError
+from .backend import BackendError, ListWatchHandler
 from .core import pod_ref
 from .engine import ALLOCATION_ANNOTATION, PlacementEngine, decode_annotation
 
@@ -36,6 +38,8 @@ log = logging.getLogger("vgpu.allocator")
 
 WATCH_TIMEOUT_S = 5  # each watch request ends this often, so stopping never waits long
 TERMINAL_PHASES = ("Succeeded", "Failed")
+# kube-scheduler's pod informer: assigned pods that have not ended.
+BOUND_RUNNING_PODS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 
 
 def _api_error(exc: ApiException) -> str:
@@ -144,23 +148,26 @@ class KubernetesBackend:
         except ApiException as exc:
             raise BackendError(f"event refused ({exc.status}): {_api_error(exc)}") from exc
 
-    # -- pod watch ------------------------------------------------------------------------
+    # -- list + watch ---------------------------------------------------------------------
 
-    def _list(self) -> tuple[list[dict[str, Any]], str]:
-        response = self.core.list_pod_for_all_namespaces(_preload_content=False)
+    def _list(self, list_fn: Any, **filters: Any) -> tuple[list[dict[str, Any]], str]:
+        response = list_fn(_preload_content=False, **filters)
         listed = json.loads(response.data)
         return listed.get("items") or [], str(listed["metadata"]["resourceVersion"])
 
-    def _watch_once(self, resource_version: str, deliver: Any) -> tuple[str, bool]:
+    def _watch_once(
+        self, list_fn: Any, resource_version: str, deliver: Any, **filters: Any
+    ) -> tuple[str, bool]:
         """One watch request; (last resourceVersion, gone) — gone asks for a relist."""
         watcher = k8s_watch.Watch()
         try:
             for event in watcher.stream(
-                self.core.list_pod_for_all_namespaces,
+                list_fn,
                 resource_version=resource_version,
                 timeout_seconds=WATCH_TIMEOUT_S,
                 allow_watch_bookmarks=True,
                 deserialize=False,  # plain JSON: no model validation of other people's pods
+                **filters,
             ):
                 if self._stopping.is_set():
                     break
@@ -180,46 +187,65 @@ class KubernetesBackend:
             watcher.stop()
         return resource_version, False
 
-    async def run_pod_watch(self, handler: PodHandler) -> None:
-        """List, rebuild, then follow pod changes until cancelled."""
+    async def _follow(
+        self, what: str, list_fn: Any, handler: ListWatchHandler, **filters: Any
+    ) -> None:
+        """List (handing the list over), then follow changes, relisting on 410 Gone."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
 
-        def deliver(kind: str, pod: dict[str, Any]) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, (kind, pod))
+        def deliver(kind: str, obj: dict[str, Any]) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, (kind, obj))
 
         async def consume() -> None:
             while True:
-                kind, pod = await queue.get()
+                kind, obj = await queue.get()
                 try:
-                    await handler.on_change(kind, pod)
+                    await handler.on_change(kind, obj)
                 except Exception:
-                    log.exception("pod change handler failed")
+                    log.exception("watch handler failed", extra={"resource": what})
+                finally:
+                    queue.task_done()
 
         consumer = asyncio.create_task(consume())
         try:
             while not self._stopping.is_set():
                 started = time.time()
                 try:
-                    pods, version = await asyncio.to_thread(self._list)
+                    items, version = await asyncio.to_thread(self._list, list_fn, **filters)
                 except Exception as exc:
-                    log.warning("cannot list pods", extra={"error": str(exc)})
+                    log.warning("cannot list", extra={"resource": what, "error": str(exc)})
                     await asyncio.sleep(1)
                     continue
-                await handler.on_list(pods, started)
+                await queue.join()  # what the last watch said is older than this list
+                await handler.on_list(items, started)
                 gone = False
                 while not gone and not self._stopping.is_set():
-                    version, gone = await asyncio.to_thread(self._watch_once, version, deliver)
+                    version, gone = await asyncio.to_thread(
+                        self._watch_once, list_fn, version, deliver, **filters
+                    )
         finally:
             consumer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await consumer
 
+    async def run_pod_watch(self, handler: ListWatchHandler) -> None:
+        """Every pod: rebuild at each list, release pods that end (the leader's job)."""
+        await self._follow("pods", self.core.list_pod_for_all_namespaces, handler)
 
-class PodHandler(Protocol):
-    async def on_list(self, pods: list[dict[str, Any]], listed_at: float) -> None: ...
-
-    async def on_change(self, kind: str, pod: dict[str, Any]) -> None: ...
+    async def run_cluster_watch(self, nodes: ListWatchHandler, pods: ListWatchHandler) -> None:
+        """What kube-scheduler sees: the Nodes (allocatable) and the pods bound to them that
+        have not ended (the same field selector as kube-scheduler's pod informer, so a pod
+        that ends arrives as DELETED). Every replica runs it."""
+        await asyncio.gather(
+            self._follow("nodes", self.core.list_node, nodes),
+            self._follow(
+                "bound pods",
+                self.core.list_pod_for_all_namespaces,
+                pods,
+                field_selector=BOUND_RUNNING_PODS,
+            ),
+        )
 
 
 def _finished(pod: Mapping[str, Any]) -> bool:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from services.common.schemas import ContainerRequest, GpuSlice, PodAllocation
 
 from .cluster import Charge, ClusterState
+from .host_usage import HostUsage
 from .placement import pod_charges
 from .pod_request import PodRequest
 
@@ -50,6 +51,7 @@ def derived_request(allocation: PodAllocation, container: str) -> ContainerReque
 class Ledger:
     def __init__(self, cluster: ClusterState) -> None:
         self.cluster = cluster
+        self.host = HostUsage(cluster)  # CPU, memory and pod slots of every pod, GPU or not
         self._pods: dict[str, _Entry] = {}  # insertion order = bind order
         self._by_node: dict[str, dict[str, _Entry]] = {}
 
@@ -71,7 +73,8 @@ class Ledger:
         )
         self._pods[allocation.uid] = entry
         self._by_node.setdefault(allocation.node, {})[allocation.uid] = entry
-        self.cluster.charge(allocation.node, entry.charges, cpu_milli, memory_mib, +1)
+        self.cluster.charge(allocation.node, entry.charges, 0, 0, +1)
+        self.host.reserve(allocation.uid, allocation.node, cpu_milli, memory_mib)
 
     def release(self, uid: str) -> PodAllocation | None:
         entry = self._pods.pop(uid, None)
@@ -82,7 +85,8 @@ class Ledger:
         on_node.pop(uid, None)
         if not on_node:
             self._by_node.pop(node, None)
-        self.cluster.charge(node, entry.charges, entry.cpu_milli, entry.memory_mib, -1)
+        self.cluster.charge(node, entry.charges, 0, 0, -1)
+        self.host.unreserve(uid)
         return entry.allocation
 
     def replace(self, allocation: PodAllocation) -> None:
@@ -101,7 +105,8 @@ class Ledger:
         """Recompute a node's usage from its records (its GPUs changed, or it came back)."""
         self.cluster.reset_usage(node)
         for entry in self._by_node.get(node, {}).values():
-            self.cluster.charge(node, entry.charges, entry.cpu_milli, entry.memory_mib, +1)
+            self.cluster.charge(node, entry.charges, 0, 0, +1)
+        self.host.reapply(node)
 
     def get(self, uid: str) -> PodAllocation | None:
         entry = self._pods.get(uid)

@@ -251,7 +251,9 @@ class _Placer:
 
 
 def host_problem(node: NodeState, pod: PodRequest, empty: bool = False) -> str | None:
-    """Why the node's CPU or memory (capacity hints, when reported) cannot take the pod."""
+    """Why the node's CPU, memory or pod slots (when known) cannot take the pod."""
+    if node.max_pods and not empty and node.used_pods >= node.max_pods:
+        return f"the node already runs {node.used_pods} pods, its most ({node.max_pods})"
     if pod.cpu_milli and node.cpu_milli:
         free = node.cpu_milli - (0 if empty else node.used_cpu_milli)
         if pod.cpu_milli > free:

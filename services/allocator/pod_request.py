@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.common.host_requests import pod_host_requests
 from services.common.resources import (
     DEFAULT_CONFIG,
     RequestConfig,
@@ -81,7 +82,8 @@ class PodRequest:
     node_policy: str = ""  # "" = the allocator's default
     gpu_policy: str = ""
     numa_bind: bool = False
-    cpu_milli: int = 0  # what the pod needs on the node at once (kubelet's effective request)
+    # What the pod holds on its node, as kube-scheduler counts it (host_requests.py).
+    cpu_milli: int = 0
     memory_mib: int = 0
 
     @functools.cached_property
@@ -125,41 +127,6 @@ def _policy(annotations: Mapping[str, Any], keys: tuple[str, ...], known: frozen
     return ""
 
 
-def _cpu_milli(value: Any) -> int:
-    from kubernetes.utils import parse_quantity  # imported late: the client is big
-
-    return int(parse_quantity(str(value)) * 1000)
-
-
-def _mebibytes(value: Any) -> int:
-    from kubernetes.utils import parse_quantity
-
-    return int(parse_quantity(str(value)) / (1024 * 1024))
-
-
-def _host_needs(spec: Mapping[str, Any]) -> tuple[int, int]:
-    """The pod's effective CPU and memory requests: max(any init container, sum of apps)."""
-
-    def needs(container: Mapping[str, Any]) -> tuple[int, int]:
-        resources = container.get("resources") or {}
-        requests = resources.get("requests") if isinstance(resources, Mapping) else None
-        if not isinstance(requests, Mapping):
-            return 0, 0
-        try:
-            cpu = _cpu_milli(requests["cpu"]) if "cpu" in requests else 0
-            memory = _mebibytes(requests["memory"]) if "memory" in requests else 0
-        except (ValueError, ArithmeticError) as exc:
-            name = container.get("name")
-            raise RequestError(f"container {name!r}: bad cpu or memory request: {exc}") from exc
-        return cpu, memory
-
-    apps = [needs(c) for c in spec.get("containers") or [] if isinstance(c, Mapping)]
-    inits = [needs(c) for c in spec.get("initContainers") or [] if isinstance(c, Mapping)]
-    cpu = max([sum(a[0] for a in apps), *(i[0] for i in inits)], default=0)
-    memory = max([sum(a[1] for a in apps), *(i[1] for i in inits)], default=0)
-    return cpu, memory
-
-
 def parse_pod(
     pod: Mapping[str, Any],
     known_policies: frozenset[str],
@@ -185,14 +152,13 @@ def parse_pod(
     numa = annotations.get(NUMA_BIND, "")
     if not isinstance(numa, str) or numa.strip().lower() not in ("", "true", "false"):
         raise RequestError(f'annotation {NUMA_BIND}: expected "true" or "false", got {numa!r}')
-    spec = pod.get("spec")
-    cpu, memory = _host_needs(spec) if isinstance(spec, Mapping) and requests else (0, 0)
+    host = pod_host_requests(pod)  # every pod: CPU-only pods are scored by it too
     return PodRequest(
         containers=tuple(requests),
         selection=selection,
         node_policy=_policy(annotations, (NODE_POLICY, VGPU_NODE_POLICY), known_policies),
         gpu_policy=_policy(annotations, (GPU_POLICY, VGPU_GPU_POLICY), known_policies),
         numa_bind=numa.strip().lower() == "true",
-        cpu_milli=cpu,
-        memory_mib=memory,
+        cpu_milli=host.cpu_milli,
+        memory_mib=host.memory_mib,
     )

@@ -23,6 +23,7 @@ from .pod_request import PodRequest
 
 MAX_SCORE = 10
 _ZERO = Charge()
+_USABLE_KEY = ("hostpack", "usable-gpus")  # NodeState.cache key
 
 
 @dataclass
@@ -315,6 +316,24 @@ class HostPack(Binpack):
                 stranded_before = 0.0
         growth = self.stranded(after, cpu - pod.cpu_milli) - stranded_before
         return score - self.weight * growth
+
+    def cpu_pod_score(self, node: NodeState, pod: PodRequest) -> float:
+        """A pod without GPUs: minus `weight` x how much its CPU grows the node's stranded
+        GPUs (0 where nothing is stranded, or the node has no GPUs or states no CPU)."""
+        if not node.cpu_milli or not node.gpus:
+            return 0.0
+        usable = self.usable_gpus(node)
+        cpu = node.cpu_milli - node.used_cpu_milli
+        growth = self.stranded(usable, cpu - pod.cpu_milli) - self.stranded(usable, cpu)
+        return -self.weight * round(growth, 9)
+
+    def usable_gpus(self, node: NodeState) -> float:
+        """The node's usable free GPUs (memoised per node version: GPU state only)."""
+        cached = node.cache.get(_USABLE_KEY)
+        if cached is None or cached[0] != node.version:
+            cached = (node.version, sum(self.usable(g.state_key()) for g in node.gpus))
+            node.cache[_USABLE_KEY] = cached
+        return cached[1]  # type: ignore[no-any-return]
 
     def _reserved_models(self, ctx: ScoreContext) -> frozenset[str]:
         """Scarce GPU models kept for the pods that accept only them (memoised per call)."""

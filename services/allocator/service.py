@@ -26,6 +26,7 @@ from services.common.schemas import NodeInventory, PendingPod, PendingReason
 from .backend import ClusterBackend, LocalClusterBackend
 from .claims import ClaimHandlers
 from .cluster import CapacityConfig, ClusterState
+from .cluster_watch import BoundPodHandler, NodeHandler
 from .core import FilterOutcome, PlacementCore, pod_ref
 from .engine import PlacementEngine
 from .extender import build_app
@@ -150,11 +151,40 @@ class Allocator:
             self._webhook = WebhookServer(settings, self.core)
             await self._webhook.start()
         self._tasks.append(asyncio.create_task(self._watch_heartbeats()))
+        await self._start_cluster_watch()
         if settings.lease_bucket:
             self.lease = Lease(self.replica, settings.lease_ttl_s, self._on_role)
             await self.lease.start(js, settings.lease_bucket)
         else:
             self._on_role(True)
+
+    async def _start_cluster_watch(self) -> None:
+        """Node allocatable and every bound pod's requests (every replica), as kube-scheduler
+        sees them; waits (bounded) for the first lists so early answers count them."""
+        watch = getattr(self.backend, "run_cluster_watch", None)
+        if watch is None:
+            return
+        nodes, pods = NodeHandler(self.cluster), BoundPodHandler(self.ledger.host)
+        self._tasks.append(asyncio.create_task(self._run_cluster_watch(watch, nodes, pods)))
+        try:
+            async with asyncio.timeout(self.settings.cluster_sync_timeout_s):
+                await nodes.listed.wait()
+                await pods.listed.wait()
+        except TimeoutError:
+            log.warning(
+                "the cluster's nodes and pods are not listed yet; answering without them",
+                extra={"waited_s": self.settings.cluster_sync_timeout_s},
+            )
+
+    async def _run_cluster_watch(
+        self, watch: Any, nodes: NodeHandler, pods: BoundPodHandler
+    ) -> None:
+        try:
+            await watch(nodes, pods)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("the cluster watch stopped")
 
     def _on_role(self, leading: bool) -> None:
         LEADER.labels(replica=self.replica).set(1 if leading else 0)

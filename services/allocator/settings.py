@@ -67,6 +67,8 @@ class AllocatorSettings(msgspec.Struct, kw_only=True, frozen=True):
     cluster: Literal["local", "kubernetes"] = "local"
     kubeconfig: str = ""
     kube_api_url: str = ""  # talk to this API server directly (tests, proxies)
+    # At start, how long to wait for the first list of Nodes and bound pods before answering.
+    cluster_sync_timeout_s: Seconds = 10.0
 
     # Mutating admission webhook over HTTPS; -1 = off, 0 = any free port.
     webhook_port: Annotated[int, msgspec.Meta(ge=-1, le=65535)] = -1
@@ -74,6 +76,9 @@ class AllocatorSettings(msgspec.Struct, kw_only=True, frozen=True):
     tls_cert_file: str = ""
     tls_key_file: str = ""
     scheduler_name: str = "vgpu-scheduler"
+    # The webhook also gives pods that ask for no GPU `scheduler_name`, so the GPU-aware
+    # host score places them too (docs/allocator.md, "Pods without GPUs").
+    schedule_cpu_pods: bool = True
 
     def request_config(self) -> RequestConfig:
         return RequestConfig(

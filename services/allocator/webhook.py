@@ -21,6 +21,7 @@ from aiohttp import web
 from prometheus_client import Counter
 
 from services.common.http_server import serve
+from services.common.quantity import QuantityError
 from services.common.resources import (
     KAI_FRACTION,
     KAI_MEMORY,
@@ -107,7 +108,7 @@ def review(body: bytes, config: RequestConfig, scheduler_name: str) -> dict[str,
     if kind == "Pod" and isinstance(pod, dict):
         try:
             patch = mutate(pod, config, scheduler_name)
-        except RequestError as exc:
+        except (RequestError, QuantityError) as exc:
             answer["allowed"] = False
             answer["status"] = {"code": 400, "message": f"invalid GPU request: {exc}"}
             REVIEWS.labels(outcome="denied").inc()

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
+from services.common.quantity import QuantityError, parse_quantity, whole_number
 from services.common.schemas import ContainerRequest
 
 GPU = "nvidia.com/gpu"
@@ -51,7 +53,11 @@ ALIYUN_UNIT_MIB = 1024
 
 
 class RequestError(ValueError):
-    """A pod's GPU request is malformed or impossible; the message names the culprit."""
+    """A pod's GPU request is malformed or impossible; the message names the culprit.
+
+    A quantity that is not one at all raises QuantityError instead (not a RequestError): the
+    API server never stores such a pod, so the extender answers it as a malformed body (400).
+    """
 
 
 @dataclass(frozen=True)
@@ -95,14 +101,9 @@ class GpuValues:
 
 
 def _quantity(value: Any, where: str) -> int:
-    """Extended resources are whole numbers; accept ints and integral strings only."""
-    if isinstance(value, bool):
-        raise RequestError(f"{where}: expected a whole number, got {value!r}")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value.strip())
-    raise RequestError(f"{where}: expected a whole number, got {value!r}")
+    """A whole count read as Kubernetes reads a quantity ("4k", "1Ki", "500m", "1e3"):
+    Quantity.Value(), rounded up; QuantityError naming `where` when malformed."""
+    return whole_number(value, where)
 
 
 def _resource_maps(
@@ -126,9 +127,16 @@ def _read(container: Mapping[str, Any], names: Iterable[str], where: str) -> dic
         request = requests.get(name)
         if limit is None and request is None:
             continue
-        value = _quantity(limit if limit is not None else request, f"{where} {name}")
-        if limit is not None and request is not None and _quantity(request, where) != value:
-            raise RequestError(f"{where} {name}: requests must equal limits for extended resources")
+        given = limit if limit is not None else request
+        kind = "limits" if limit is not None else "requests"
+        value = _quantity(given, f"{where} resources.{kind}[{name}]")
+        if limit is not None and request is not None:
+            asked = whole_number(request, f"{where} resources.requests[{name}]")
+            if parse_quantity(request) != parse_quantity(limit) or asked != value:
+                raise RequestError(
+                    f"{where} {name}: requests must equal limits for extended resources "
+                    f"(requests {request!r}, limits {limit!r})"
+                )
         found[name] = value
     return found
 
@@ -208,9 +216,9 @@ def _kai_values(annotations: Mapping[str, Any], where: str) -> GpuValues | None:
             gpus=1, memory_mib=_quantity(memory, f"{where} annotation {KAI_MEMORY}"), syntax="kai"
         )
     try:
-        share = float(str(fraction))
-    except ValueError:
-        share = -1.0
+        share = parse_quantity(fraction)
+    except QuantityError:
+        share = Fraction(-1)
     if not 0 < share <= 1:
         raise RequestError(
             f"{where} annotation {KAI_FRACTION}: expected a number in (0, 1], got {fraction!r}"

@@ -35,10 +35,12 @@ class NodeInventory(msgspec.Struct, kw_only=True):
     sent_at: float = msgspec.field(default_factory=time.time)
     driver_version: str = ""  # NVIDIA driver, e.g. "550.54.15"
     cuda_version: str = ""  # highest CUDA version the driver supports, e.g. "12.4"
-    # Node-level capacity hints (0 = not reported); the allocator honours them when a pod
-    # states CPU or memory requests, as simulators do. kube-scheduler remains the judge of both.
+    # Node-level capacity hints (0 = not reported): the node's allocatable CPU, memory and
+    # pod count, as simulated nodes state them. In a cluster the allocator reads them from the
+    # Node objects instead (what kube-scheduler checks); these fill in what those leave out.
     cpu_milli: int = 0
     host_memory_mib: int = 0
+    max_pods: int = 0
 
 
 class GpuUsage(msgspec.Struct, frozen=True, kw_only=True):

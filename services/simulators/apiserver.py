@@ -5,7 +5,14 @@ semantics (every write bumps one counter; a list returns it; a watch from N repl
 changes after N, or answers 410 Gone when N is older than what it keeps), patch (JSON merge,
 strategic merge treated as JSON merge, and JSON patch), delete, the ``binding`` subresource
 (refusing a pod already bound or a UID mismatch with 409), ``status`` updates; Events create
-and list; Nodes get and list. Errors are ``v1.Status`` objects, as the real server sends.
+and list; Nodes get, list and watch. Errors are ``v1.Status`` objects, as the real server sends.
+
+List and watch take a ``fieldSelector`` as the real server does for the fields it indexes
+(pods: metadata.name, metadata.namespace, spec.nodeName, spec.schedulerName, status.phase;
+nodes: metadata.name; ``=``, ``==`` and ``!=``, comma-separated, all must hold; any other
+field is 400). A watch through a selector sees an object ADDED when it starts to match,
+MODIFIED while it matches and DELETED (with its last matching content and the new
+resourceVersion) when it stops matching, as the watch cache sends them.
 
 The real ``kubernetes`` Python client drives it in tests; ``vgpu up`` may use it later.
 """
@@ -16,6 +23,7 @@ import asyncio
 import contextlib
 import copy
 import datetime
+import itertools
 import json
 import uuid
 from collections import deque
@@ -26,6 +34,53 @@ from aiohttp import web
 from services.common.http_server import serve
 
 KEEP_CHANGES = 1000  # changes kept for watches to resume from
+SELECTABLE = {
+    "pods": ("metadata.name", "metadata.namespace", "spec.nodeName", "spec.schedulerName",
+             "status.phase"),
+    "nodes": ("metadata.name",),
+}  # fmt: skip
+
+Selector = list[tuple[str, bool, str]]  # (field, equal?, value)
+
+
+class SelectorError(ValueError):
+    pass
+
+
+def parse_field_selector(text: str, resource: str) -> Selector:
+    """`a=b,c!=d` as the API server reads a fieldSelector (only the fields it indexes)."""
+    terms: Selector = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if "!=" in part:
+            field, value = part.split("!=", 1)
+            equal = False
+        elif "==" in part:
+            field, value = part.split("==", 1)
+            equal = True
+        elif "=" in part:
+            field, value = part.split("=", 1)
+            equal = True
+        else:
+            raise SelectorError(f"invalid selector: {text!r}; can't understand {part!r}")
+        field = field.strip()
+        if field not in SELECTABLE[resource]:
+            raise SelectorError(f'"{field}" is not a known field selector: only '
+                                f'"{", ".join(SELECTABLE[resource])}"')  # fmt: skip
+        terms.append((field, equal, value.strip()))
+    return terms
+
+
+def _field(obj: dict[str, Any], path: str) -> str:
+    value: Any = obj
+    for key in path.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    return "" if value is None else str(value)
+
+
+def selects(selector: Selector, obj: dict[str, Any] | None) -> bool:
+    if obj is None:
+        return False
+    return all((_field(obj, field) == value) == equal for field, equal, value in selector)
 
 
 def _now() -> str:
@@ -101,8 +156,11 @@ def json_patch(target: Any, operations: Any) -> Any:
     return document
 
 
+Change = tuple[int, str, str, dict[str, Any], dict[str, Any] | None]
+
+
 class FakeApiServer:
-    def __init__(self, host: str = "127.0.0.1") -> None:
+    def __init__(self, host: str = "127.0.0.1", keep_changes: int = KEEP_CHANGES) -> None:
         self._host = host
         self._runner: web.AppRunner | None = None
         self._port = 0
@@ -111,7 +169,9 @@ class FakeApiServer:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.events: list[dict[str, Any]] = []
         self.bindings: list[dict[str, Any]] = []
-        self._changes: deque[tuple[int, str, dict[str, Any]]] = deque(maxlen=KEEP_CHANGES)
+        # (resourceVersion, resource, event type, object, the object before the change)
+        self._changes: deque[Change] = deque(maxlen=keep_changes)
+        self._last: dict[tuple[str, str], dict[str, Any]] = {}  # the latest copy per object
         self._changed = asyncio.Condition()
 
     @property
@@ -134,6 +194,8 @@ class FakeApiServer:
                 web.post("/api/v1/namespaces/{namespace}/events", self._create_event),
                 web.get("/api/v1/namespaces/{namespace}/events", self._list_events),
                 web.get("/api/v1/nodes", self._list_nodes),
+                web.get("/api/v1/watch/nodes", self._watch_nodes),
+                web.get("/api/v1/watch/pods", self._watch_pods),
                 web.get("/api/v1/nodes/{name}", self._get_node),
             ]
         )
@@ -148,12 +210,28 @@ class FakeApiServer:
 
     # -- state changes (also for tests driving the "cluster" directly) --------------------
 
-    async def _record(self, kind: str, pod: dict[str, Any]) -> None:
+    def _append(self, resource: str, kind: str, obj: dict[str, Any]) -> None:
         self.resource_version += 1
-        pod["metadata"]["resourceVersion"] = str(self.resource_version)
-        self._changes.append((self.resource_version, kind, copy.deepcopy(pod)))
+        obj["metadata"]["resourceVersion"] = str(self.resource_version)
+        metadata = obj["metadata"]
+        key = (resource, f"{metadata.get('namespace', '')}/{metadata['name']}")
+        before = self._last.pop(key, None)
+        now = copy.deepcopy(obj)
+        if kind != "DELETED":
+            self._last[key] = now
+        self._changes.append((self.resource_version, resource, kind, now, before))
+
+    async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
+
+    def _notify_soon(self) -> None:
+        with contextlib.suppress(RuntimeError):  # no running loop: watchers poll anyway
+            asyncio.get_running_loop().create_task(self._notify())
+
+    async def _record(self, kind: str, pod: dict[str, Any]) -> None:
+        self._append("pods", kind, pod)
+        await self._notify()
 
     async def create_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
         pod = copy.deepcopy(pod)
@@ -178,18 +256,40 @@ class FakeApiServer:
             await self._record("DELETED", pod)
         return pod
 
-    def add_node(self, name: str, labels: dict[str, str] | None = None) -> None:
-        self.resource_version += 1
-        self.nodes[name] = {
+    def add_node(
+        self,
+        name: str,
+        labels: dict[str, str] | None = None,
+        allocatable: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """Create or replace a Node (status.allocatable and capacity as given)."""
+        kind = "MODIFIED" if name in self.nodes else "ADDED"
+        node = {
             "apiVersion": "v1",
             "kind": "Node",
-            "metadata": {
-                "name": name,
-                "labels": labels or {},
-                "resourceVersion": str(self.resource_version),
-            },
-            "status": {},
-        }
+            "metadata": {"name": name, "labels": labels or {}, "uid": str(uuid.uuid4()),
+                         "creationTimestamp": _now()},
+            "status": {"allocatable": dict(allocatable or {}),
+                       "capacity": dict(allocatable or {})},
+        }  # fmt: skip
+        if kind == "MODIFIED":
+            node["metadata"]["uid"] = self.nodes[name]["metadata"]["uid"]
+        self.nodes[name] = node
+        self._append("nodes", kind, node)
+        self._notify_soon()
+        return node
+
+    async def set_allocatable(self, name: str, allocatable: dict[str, str]) -> None:
+        node = self.nodes[name]
+        node["status"]["allocatable"] = dict(allocatable)
+        self._append("nodes", "MODIFIED", node)
+        await self._notify()
+
+    async def delete_node(self, name: str) -> None:
+        node = self.nodes.pop(name, None)
+        if node is not None:
+            self._append("nodes", "DELETED", node)
+            await self._notify()
 
     # -- handlers ---------------------------------------------------------------------------
 
@@ -295,11 +395,26 @@ class FakeApiServer:
             {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}, status=201
         )
 
+    def _selector(self, request: web.Request, resource: str) -> Selector:
+        try:
+            return parse_field_selector(request.query.get("fieldSelector", ""), resource)
+        except SelectorError as exc:
+            raise web.HTTPBadRequest(
+                text=json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                 "message": str(exc), "reason": "BadRequest", "code": 400}),
+                content_type="application/json",
+            ) from exc  # fmt: skip
+
     async def _list_pods(self, request: web.Request) -> web.StreamResponse:
         namespace = request.match_info.get("namespace")
+        selector = self._selector(request, "pods")
         if request.query.get("watch") in ("true", "1"):
-            return await self._watch(request, namespace)
-        items = [p for (ns, _), p in self.pods.items() if namespace is None or ns == namespace]
+            return await self._watch(request, "pods", namespace, selector)
+        items = [
+            p
+            for (ns, _), p in self.pods.items()
+            if (namespace is None or ns == namespace) and selects(selector, p)
+        ]
         return web.json_response(
             {
                 "kind": "PodList",
@@ -309,7 +424,35 @@ class FakeApiServer:
             }
         )
 
-    async def _watch(self, request: web.Request, namespace: str | None) -> web.StreamResponse:
+    async def _watch_pods(self, request: web.Request) -> web.StreamResponse:
+        return await self._watch(request, "pods", None, self._selector(request, "pods"))
+
+    async def _watch_nodes(self, request: web.Request) -> web.StreamResponse:
+        return await self._watch(request, "nodes", None, self._selector(request, "nodes"))
+
+    @staticmethod
+    def _event(change: Change, namespace: str | None, selector: Selector) -> dict[str, Any] | None:
+        """What a watcher through `selector` sees of one change (None: nothing)."""
+        version, _, kind, now, before = change
+        if namespace is not None and now["metadata"].get("namespace") != namespace:
+            return None
+        if not selector:
+            return {"type": kind, "object": now}
+        was = selects(selector, before)
+        if kind == "DELETED":
+            return {"type": kind, "object": now} if was else None
+        if selects(selector, now):
+            return {"type": "MODIFIED" if was else "ADDED", "object": now}
+        if not was:
+            return None
+        gone = copy.deepcopy(before)
+        assert gone is not None
+        gone["metadata"]["resourceVersion"] = str(version)
+        return {"type": "DELETED", "object": gone}
+
+    async def _watch(
+        self, request: web.Request, resource: str, namespace: str | None, selector: Selector
+    ) -> web.StreamResponse:
         since = int(request.query.get("resourceVersion") or self.resource_version)
         timeout = float(request.query.get("timeoutSeconds") or 1800)
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
@@ -331,12 +474,16 @@ class FakeApiServer:
         sent = since
         try:
             while self._runner is not None:
-                for version, kind, pod in list(self._changes):
-                    if version <= sent:
+                changes = self._changes
+                start = len(changes)
+                while start and changes[start - 1][0] > sent:  # the new ones are at the end
+                    start -= 1
+                for change in list(itertools.islice(changes, start, None)):
+                    sent = change[0]
+                    if change[1] != resource:
                         continue
-                    sent = version
-                    if namespace is None or pod["metadata"]["namespace"] == namespace:
-                        event = {"type": kind, "object": pod}
+                    event = self._event(change, namespace, selector)
+                    if event is not None:
                         await response.write(json.dumps(event).encode() + b"\n")
                 left = deadline - loop.time()
                 if left <= 0:
@@ -366,13 +513,16 @@ class FakeApiServer:
         items = [e for e in self.events if e["metadata"]["namespace"] == namespace]
         return web.json_response({"kind": "EventList", "apiVersion": "v1", "items": items})
 
-    async def _list_nodes(self, request: web.Request) -> web.Response:
+    async def _list_nodes(self, request: web.Request) -> web.StreamResponse:
+        selector = self._selector(request, "nodes")
+        if request.query.get("watch") in ("true", "1"):
+            return await self._watch(request, "nodes", None, selector)
         return web.json_response(
             {
                 "kind": "NodeList",
                 "apiVersion": "v1",
                 "metadata": {"resourceVersion": str(self.resource_version)},
-                "items": list(self.nodes.values()),
+                "items": [n for n in self.nodes.values() if selects(selector, n)],
             }
         )
 

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.common.quantity import QuantityError, parse_quantity
+
 
 class PodError(ValueError):
     """The pod JSON is malformed; the message names the field."""
@@ -39,12 +41,15 @@ def _is_extended(resource: str) -> bool:
 
 
 def _count(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise PodError(f"{where}: expected a whole number, got {value!r}")
-    text = str(value).strip()
-    if not text.isdigit():
+    """An extended resource: any Kubernetes quantity ("4", "4k", "1e3") that is a whole
+    number, as the API server validates them."""
+    try:
+        amount = parse_quantity(value)
+    except QuantityError as exc:
+        raise PodError(f"{where}: {exc}") from None
+    if amount.denominator != 1 or amount < 0:
         raise PodError(f"{where}: extended resources must be whole numbers, got {value!r}")
-    return int(text)
+    return int(amount)
 
 
 def _mapping(value: Any, where: str) -> Mapping[str, Any]:
