@@ -168,6 +168,13 @@ def allocator(config_file: str | None, **flags: Any) -> None:
 @click.option("--plugin-dir", default=None)
 @click.option("--pod-resources-socket", default=None)
 @click.option("--container-root", default=None)
+@click.option("--state-dir", default=None, help="Agent-private state (never mounted in pods).")
+@click.option(
+    "--on-violation",
+    type=click.Choice(["report", "kill"]),
+    default=None,
+    help="A container over its slice (NVML): report it, or also SIGKILL its processes.",
+)
 def node_agent(config_file: str | None, **flags: Any) -> None:
     """Run the node agent (device plugin, inventory and usage publisher)."""
     from services.nodeagent.service import NodeAgent

@@ -63,6 +63,13 @@ class ContainerDeviceUsage(msgspec.Struct, frozen=True, kw_only=True):
     memory_limit_mib: int  # 0 = unlimited
     cores_limit: int  # percent of SMs; 0 = no compute limit
     sm_util_percent: float = -1.0  # the container's share of SM time; -1 = unknown
+    # What NVML measures for the container's processes on this GPU (the agent's own figure,
+    # whatever the hook says); -1 = no process of the container is on the GPU.
+    measured_mib: int = -1
+    # Standing findings of the agent's verification, comma-separated: "over_limit" (NVML
+    # shows more than the slice plus tolerance), "tampering" (the hook's limits or figures
+    # disagree with the agent's); "" = none.
+    violation: str = ""
 
 
 class ContainerUsage(msgspec.Struct, kw_only=True):
@@ -76,6 +83,30 @@ class ContainerUsage(msgspec.Struct, kw_only=True):
     processes: int = 0  # processes currently reporting
     launches: int = 0  # cumulative kernel launches of live processes
     throttled_ms: int = 0  # cumulative time held back by the compute limiter
+    sent_at: float = msgspec.field(default_factory=time.time)
+
+
+ViolationKind = Literal["over_limit", "tampering"]
+
+
+class SliceViolation(msgspec.Struct, kw_only=True):
+    """A container broke its slice on one GPU, as the node agent measured from outside it
+    (NVML's per-process figures), or its hook's figures disagree with the agent's."""
+
+    node: str
+    namespace: str
+    pod: str
+    container: str
+    gpu: str  # uuid
+    kind: ViolationKind
+    reason: str  # one sentence naming the figures
+    limit_mib: int  # the slice (0 = unlimited)
+    measured_mib: int  # NVML: the container's processes on this GPU
+    tolerance_mib: int
+    reported_mib: int = -1  # the hook's figure for the container; -1 = none
+    pids: list[int] = []  # host PIDs of the container's processes on this GPU
+    action: Literal["report", "kill"] = "report"
+    killed_pids: list[int] = []  # SIGKILLed, newest first (action "kill")
     sent_at: float = msgspec.field(default_factory=time.time)
 
 

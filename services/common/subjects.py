@@ -16,6 +16,9 @@ INVENTORY_ALL = f"{PREFIX}.inventory.*"
 USAGE_ALL = f"{PREFIX}.usage.*"
 # Node agent -> everyone: per-container usage relayed from the hooks.
 CONTAINER_USAGE_ALL = f"{PREFIX}.container-usage.*"
+# Node agent -> everyone: a container broke its slice or its hook's figures were forged
+# (SliceViolation), as the agent measured from outside the container.
+VIOLATIONS_ALL = f"{PREFIX}.violation.*"
 # Allocator -> everyone: a pod's slices were bound, claimed or released.
 ALLOC_EVENTS_ALL = f"{PREFIX}.alloc.events.*"
 # Allocator -> everyone: pods waiting for GPUs and why (PendingPod), one scope per allocator.
@@ -49,6 +52,10 @@ def usage(node: str) -> str:
 
 def container_usage(node: str) -> str:
     return f"{PREFIX}.container-usage.{node_token(node)}"
+
+
+def violations(node: str) -> str:
+    return f"{PREFIX}.violation.{node_token(node)}"
 
 
 def alloc_events(node: str) -> str:

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import socket
 import struct
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +80,15 @@ class _Connection:
     exited: bool = False
 
 
+@dataclass(frozen=True)
+class HookClaims:
+    """What a container's hooks say about themselves, for the agent to check (verify.py)."""
+
+    hellos: list[tuple[int | None, Hello]]  # (host PID of the peer, its hello), live ones
+    used_mib: dict[int, int]  # container ordinal -> the latest container total reported
+    reported_at: float  # time.monotonic() of the latest usage report; 0 = none yet
+
+
 @dataclass(eq=False)
 class _Listener:
     container: ResolvedContainer
@@ -87,6 +97,8 @@ class _Listener:
     connections: set[_Connection] = field(default_factory=set)
     used_mib: dict[int, int] = field(default_factory=dict)  # container ordinal -> latest total
     nvml: dict[str, DeviceFigures] = field(default_factory=dict)
+    reported_at: float = 0.0  # monotonic time of the latest usage report
+    flags: dict[str, str] = field(default_factory=dict)  # GPU uuid -> standing violations
     dirty: bool = True
 
     def reporting(self) -> list[_Connection]:
@@ -272,6 +284,7 @@ class RelayHub:
             )
         elif isinstance(message, Usage):
             connection.last = message
+            listener.reported_at = time.monotonic()
             for device in message.devices:
                 listener.used_mib[device.index] = device.used_mib
         elif isinstance(message, Exit):
@@ -294,6 +307,23 @@ class RelayHub:
             for c in listener.reporting()
             if c.peer_pid is not None
         }
+
+    def claims(self, key: str) -> HookClaims | None:
+        listener = self._listeners.get(key)
+        if listener is None:
+            return None
+        return HookClaims(
+            hellos=[(c.peer_pid, c.hello) for c in listener.reporting() if c.hello is not None],
+            used_mib=dict(listener.used_mib),
+            reported_at=listener.reported_at,
+        )
+
+    def set_flags(self, key: str, flags: dict[str, str]) -> None:
+        """The verifier's standing findings per GPU uuid, published with the usage."""
+        listener = self._listeners.get(key)
+        if listener is not None and listener.flags != flags:
+            listener.flags = dict(flags)
+            listener.dirty = True
 
     def observe(self, gpu_usage: list[GpuUsage], figures: ContainerFigures) -> None:
         """The latest NVML sample: whole-GPU usage and per-container process figures."""
@@ -326,6 +356,8 @@ class RelayHub:
                     memory_limit_mib=limit.memory_limit_mib,
                     cores_limit=limit.cores,
                     sm_util_percent=measured.sm_util_percent if measured else -1.0,
+                    measured_mib=measured.memory_used_mib if measured else -1,
+                    violation=listener.flags.get(limit.uuid, ""),
                 )
             )
         lasts = [c.last for c in reporting if c.last is not None]

@@ -29,12 +29,13 @@ from services.nodeagent.labels import NodeLabeler, gpu_labels, labeler_for
 from services.nodeagent.plugin import OPTIONS, DevicePluginServicer
 from services.nodeagent.podresources import PodResourcesClient
 from services.nodeagent.preferred import PreferenceAdvisor
-from services.nodeagent.process_map import ProcessAttributor
+from services.nodeagent.process_map import ProcessAttributor, figures_of
 from services.nodeagent.publisher import Publisher
 from services.nodeagent.registration import DevicePluginServer
 from services.nodeagent.relay import RelayHub
 from services.nodeagent.resolver import AllocationResolver
 from services.nodeagent.settings import NodeAgentSettings, check_settings
+from services.nodeagent.verify import Verifier
 
 log = logging.getLogger("vgpu.nodeagent")
 
@@ -78,6 +79,7 @@ class NodeAgent:
         self._watcher: DeviceWatcher | None = None
         self._relay: RelayHub | None = None
         self._janitor: DirectoryJanitor | None = None
+        self._verifier: Verifier | None = None
         self.idle_reason = ""  # why the agent serves nothing (no NVML, no GPU), if it does not
 
     @property
@@ -103,6 +105,12 @@ class NodeAgent:
         if self._relay is None:
             raise RuntimeError("node agent is not started")
         return self._relay
+
+    @property
+    def verifier(self) -> Verifier:
+        if self._verifier is None:
+            raise RuntimeError("node agent is not started")
+        return self._verifier
 
     @property
     def janitor(self) -> DirectoryJanitor:
@@ -176,6 +184,18 @@ class NodeAgent:
         )
         self._relay = relay
         stack.push_async_callback(relay.stop)
+        verifier = Verifier(
+            node_name=s.node_name,
+            bus=bus,
+            on_violation=s.on_violation,
+            tolerance_percent=s.violation_tolerance_percent,
+            tolerance_mib=s.violation_tolerance_mib,
+            confirm_s=s.violation_confirm_s,
+            # hooks report every 250 ms; a figure older than a few samples says nothing
+            report_fresh_s=max(2.0, 4 * s.usage_interval_s),
+            proc_root=Path(s.proc_root),
+        )
+        self._verifier = verifier
         # Simulated GPUs make up load: tell them what runs where (real GPUs measure it).
         load = backend if isinstance(backend, LoadSink) else None
 
@@ -186,6 +206,7 @@ class NodeAgent:
 
         async def container_gone(key: str) -> None:
             await relay.close(key)
+            verifier.forget(key)
             if load is not None:
                 load.detach(key)
 
@@ -195,8 +216,11 @@ class NodeAgent:
         await relay.start()
 
         async def on_sample(gpus: list[GpuUsage], processes: list[GpuProcess]) -> None:
-            figures = attributor.attribute(processes, relay.peers(), relay.containers)
-            relay.observe(gpus, figures)
+            assigned = attributor.assign(processes, relay.peers(), relay.containers)
+            relay.observe(gpus, figures_of(assigned))
+            await verifier.check(relay.containers, assigned, relay.claims)
+            for container in relay.containers:
+                relay.set_flags(container.key, verifier.flags(container.key))
 
         publisher = Publisher(
             bus=bus,
@@ -347,4 +371,5 @@ class NodeAgent:
         self._watcher = None
         self._relay = None
         self._janitor = None
+        self._verifier = None
         await stack.aclose()

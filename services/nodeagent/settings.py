@@ -26,6 +26,9 @@ class NodeAgentSettings(msgspec.Struct, kw_only=True, frozen=True):
     split_count: int = 10  # device IDs advertised per physical GPU (max sharers)
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     container_root: str = "/var/run/vgpu/containers"
+    # The agent's own records (whose each container directory is, the limits it wrote), read
+    # back on restart. Never mounted into a container: nothing a container writes is trusted.
+    state_dir: str = "/var/lib/vgpu/nodeagent"
     hook_library: str = "/usr/local/vgpu/libvgpu.so"
     # Device memory the hook charges per CUDA context, per GPU model: "A100=420,T4=300,*=350"
     # or one number for all; empty = none (context_overhead.py).
@@ -46,6 +49,15 @@ class NodeAgentSettings(msgspec.Struct, kw_only=True, frozen=True):
     container_dir_grace_s: float = 600.0  # keep an unlisted directory this long after Allocate
     proc_root: str = "/proc"  # the host's /proc (the DaemonSet runs with hostPID)
     sysfs_root: str = "/sys"
+    # Verification from outside (verify.py): what to do when NVML shows a container over its
+    # slice beyond the tolerance: "report" (event, gauge, flag) or "kill" (also SIGKILL its
+    # processes on that GPU, newest first, until it is back within).
+    on_violation: str = "report"
+    violation_tolerance_percent: float = 5.0  # of the slice's memory
+    # Allowed per process of the container on the GPU (a context's own footprint the hook
+    # may not charge); 0 = the limit file's context_overhead_mib.
+    violation_tolerance_mib: int = 0
+    violation_confirm_s: float = 1.0  # a finding must hold this long (and 2 samples) to count
     otlp_endpoint: str = ""
     log_level: str = "info"
 
@@ -74,6 +86,17 @@ def check_settings(settings: NodeAgentSettings) -> None:
     if settings.node_labeler not in ("none", "memory", "kubernetes"):
         raise ValueError(
             f"node_labeler must be none, memory or kubernetes, got {settings.node_labeler!r}"
+        )
+    if settings.on_violation not in ("report", "kill"):
+        raise ValueError(f"on_violation must be report or kill, got {settings.on_violation!r}")
+    if settings.violation_tolerance_percent < 0 or settings.violation_tolerance_mib < 0:
+        raise ValueError(
+            "violation_tolerance_percent and violation_tolerance_mib must not be negative, got "
+            f"{settings.violation_tolerance_percent} and {settings.violation_tolerance_mib}"
+        )
+    if settings.violation_confirm_s < 0:
+        raise ValueError(
+            f"violation_confirm_s must not be negative, got {settings.violation_confirm_s}"
         )
     parse_xids(settings.ignored_xids)
     parse_overheads(settings.context_overhead)

@@ -1,0 +1,318 @@
+"""Verification from outside, end to end: the real node agent, a real nats-server, the real
+allocator, the real compiled hook and the simulated CUDA driver, with the container's
+processes in their own PID namespace. The agent sees what NVML shows per process (the
+simulated driver records it whatever the hook does) and acts on what breaks the slice."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+
+from services.allocator.backend import LocalClusterBackend
+from services.allocator.service import Allocator
+from services.common import subjects
+from services.common.bus import Bus
+from services.common.embedded_nats import EmbeddedNats
+from services.common.schemas import ContainerUsage, SliceViolation
+from services.nodeagent.grant import container_key
+from services.nodeagent.service import NodeAgent
+from services.simulators.kubelet import KubeletSimulator
+from services.simulators.scheduler import SchedulerSimulator
+from tests.hook.conftest import build  # noqa: F401  (the compiled hook and simulated driver)
+from tests.hook.harness import hook_env, summary, tool
+from tests.nodeagent.harness import NODE, RESOURCE, NodeDirs, running_node, wait_until
+
+SLICE_MIB = 1024
+FAST = {
+    "usage_interval_s": 0.1,
+    "relay_publish_interval_s": 0.1,
+    "violation_confirm_s": 0.3,
+}
+
+
+class Inbox:
+    def __init__(self) -> None:
+        self.violations: list[SliceViolation] = []
+        self.usage: list[ContainerUsage] = []
+
+    def of(self, kind: str) -> list[SliceViolation]:
+        return [v for v in self.violations if v.kind == kind]
+
+
+@pytest.fixture
+async def inbox(bus: Bus) -> Inbox:
+    received = Inbox()
+
+    async def on_violation(message: SliceViolation) -> None:
+        received.violations.append(message)
+
+    async def on_usage(message: ContainerUsage) -> None:
+        received.usage.append(message)
+
+    await bus.subscribe(subjects.violations(NODE), SliceViolation, on_violation)
+    await bus.subscribe(subjects.container_usage(NODE), ContainerUsage, on_usage)
+    await bus.client.flush()
+    return received
+
+
+def pod(name: str) -> dict[str, Any]:
+    limits = {RESOURCE: "1", "nvidia.com/gpumem": str(SLICE_MIB), "nvidia.com/gpucores": "50"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"},
+        "spec": {
+            "containers": [{"name": "main", "image": "cuda:12", "resources": {"limits": limits}}]
+        },
+    }
+
+
+@asynccontextmanager
+async def placed(
+    nats_url: str, allocator: Allocator, dirs: NodeDirs, **settings: Any
+) -> AsyncIterator[tuple[KubeletSimulator, NodeAgent, Path, str]]:
+    """A node whose agent sees the simulated driver, and one pod placed on it by the real
+    allocator: (kubelet, agent, the container's directory, its GPU's uuid)."""
+    sim = dirs.root / "sim"
+    async with running_node(
+        nats_url, dirs, simulate_driver_dir=str(sim), **{**FAST, **settings}
+    ) as (kubelet, agent):
+        await wait_until(lambda: allocator.cluster.node(NODE) is not None, 10, "allocator")
+        spec = pod("train")
+        backend = allocator.backend
+        assert isinstance(backend, LocalClusterBackend)
+        backend.add_pod(spec)
+        scheduler = SchedulerSimulator(allocator.url + "/scheduler")
+        try:
+            assert (await scheduler.schedule(spec, [NODE])).node == NODE
+        finally:
+            await scheduler.close()
+        result = await kubelet.admit(spec)
+        assert result.admitted, result.error
+        directory = dirs.container_root / container_key(result.containers[0].device_ids)
+        await wait_until((directory / "limits").exists, 15, "limit file")
+        uuid = result.containers[0].envs["NVIDIA_VISIBLE_DEVICES"]
+        yield kubelet, agent, directory, uuid
+
+
+def _namespaces_work() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run([*_UNSHARE, "true"], capture_output=True, timeout=30)
+    return probe.returncode == 0
+
+
+_UNSHARE = ["unshare", "--pid", "--fork", "--mount-proc"]
+if os.geteuid() != 0:
+    _UNSHARE[1:1] = ["--user", "--map-root-user", "--mount"]
+needs_namespaces = pytest.mark.skipif(
+    not _namespaces_work(), reason="PID namespaces (unshare) are not available here"
+)
+
+
+@contextmanager
+def in_container(
+    directory: Path, sim: Path, uuid: str, *commands: str
+) -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
+    """Run shell commands side by side in one new PID namespace, as a container's processes,
+    with the container's environment (hook preloaded, its GPU); each prints one `holding`
+    line and holds until stdin closes. Yields the process and those lines."""
+    env = hook_env(directory, sim, VGPU_SIM_UUIDS=uuid, VGPU_HOOK_QUIET="1")
+    # A shell gives background commands /dev/null as stdin unless told otherwise.
+    script = "exec 3<&0; " + " ".join(f"{c} <&3 &" for c in commands) + " wait"
+    proc = subprocess.Popen(
+        [*_UNSHARE, "sh", "-c", script],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in commands]
+        assert all(line.startswith("holding") for line in lines), [*lines, proc.stderr.read()]
+        yield proc, lines
+    finally:
+        if proc.poll() is None:
+            proc.communicate(timeout=30)
+
+
+HONEST = f"{tool('mem_paths')} alloc link create 100 hold"  # stops at the hook's limit
+BYPASS = f"LD_PRELOAD= {tool('mem_paths')} alloc link create 512 hold"  # no hook: whole GPU
+
+
+def gauge(name: str, kind: str | None = None, **labels: str) -> float | None:
+    wanted = {"node": NODE, "namespace": "ml", "pod": "train", "container": "main", **labels}
+    if kind is not None:
+        wanted["kind"] = kind
+    return REGISTRY.get_sample_value(name, wanted)
+
+
+def measured(inbox: Inbox) -> list[ContainerUsage]:
+    return [u for u in inbox.usage if u.pod == "train" and u.devices[0].measured_mib >= 0]
+
+
+@needs_namespaces
+async def test_an_honest_program_inside_its_slice_is_no_violation(
+    build: Path,  # noqa: F811
+    nats_server: EmbeddedNats,
+    allocator: Allocator,
+    dirs: NodeDirs,
+    inbox: Inbox,
+) -> None:
+    async with placed(nats_server.url, allocator, dirs) as (_, agent, directory, uuid):
+        with in_container(directory, dirs.root / "sim", uuid, HONEST) as (_, lines):
+            assert summary(lines[0]) == {"allocated_mib": 1000}
+            seen = await wait_until(
+                lambda: [u for u in measured(inbox) if u.devices[0].measured_mib == 1000],
+                10,
+                "NVML's figure for the container",
+            )
+            await asyncio.sleep(1.0)  # several samples past the confirmation time
+            assert inbox.violations == []
+            assert seen[-1].devices[0].violation == ""
+            assert seen[-1].devices[0].memory_used_mib == 1000  # the hook's figure agrees
+            assert gauge("vgpu_nodeagent_slice_violation", "over_limit", gpu=uuid) == 0
+            assert gauge("vgpu_nodeagent_slice_violation", "tampering", gpu=uuid) == 0
+            assert gauge("vgpu_nodeagent_container_measured_memory_mib", gpu=uuid) == 1000
+            assert agent.verifier.flags(directory.name) == {}
+
+
+@needs_namespaces
+async def test_a_program_that_bypasses_the_hook_is_reported(
+    build: Path,  # noqa: F811
+    nats_server: EmbeddedNats,
+    allocator: Allocator,
+    dirs: NodeDirs,
+    inbox: Inbox,
+) -> None:
+    async with placed(nats_server.url, allocator, dirs) as (_, _agent, directory, uuid):
+        with in_container(directory, dirs.root / "sim", uuid, HONEST, BYPASS) as (proc, lines):
+            assert sorted(summary(line)["allocated_mib"] for line in lines) == [1000, 40960]
+            over = await wait_until(lambda: inbox.of("over_limit"), 10, "over_limit event")
+            assert len(over) == 1
+            found = over[0]
+            assert (found.namespace, found.pod, found.container, found.gpu) == (
+                "ml", "train", "main", uuid,
+            )  # fmt: skip
+            assert (found.limit_mib, found.measured_mib) == (SLICE_MIB, 41960)
+            assert found.tolerance_mib == 52  # 5 % of 1024, rounded up
+            assert found.action == "report" and found.killed_pids == []
+            assert len(found.pids) == 2
+            # The hooks said 1000 MiB: their figure disagrees with NVML's, also flagged.
+            tampering = await wait_until(lambda: inbox.of("tampering"), 10, "tampering event")
+            assert tampering[0].reported_mib == 1000
+            assert gauge("vgpu_nodeagent_slice_violation", "over_limit", gpu=uuid) == 1
+            assert gauge("vgpu_nodeagent_slice_excess_mib", gpu=uuid) == 41960 - SLICE_MIB
+            flagged = await wait_until(
+                lambda: [u for u in measured(inbox) if u.devices[0].violation], 10, "flag"
+            )
+            assert flagged[-1].devices[0].violation == "over_limit,tampering"
+            assert flagged[-1].devices[0].measured_mib == 41960
+            # report only: nothing was killed, and the finding is reported once.
+            await asyncio.sleep(0.5)
+            assert all(os.path.exists(f"/proc/{pid}") for pid in found.pids)
+            assert len(inbox.of("over_limit")) == 1
+            assert proc.poll() is None
+
+
+@needs_namespaces
+async def test_on_violation_kill_kills_the_newest_process_until_within(
+    build: Path,  # noqa: F811
+    nats_server: EmbeddedNats,
+    allocator: Allocator,
+    dirs: NodeDirs,
+    inbox: Inbox,
+) -> None:
+    async with placed(nats_server.url, allocator, dirs, on_violation="kill") as (
+        _,
+        agent,
+        directory,
+        uuid,
+    ):
+        # The bypass starts last (a clock tick later): the newest, so the first to go.
+        with in_container(directory, dirs.root / "sim", uuid, HONEST, "sleep 0.05; " + BYPASS):
+            over = await wait_until(lambda: inbox.of("over_limit"), 10, "over_limit event")
+            found = over[0]
+            assert found.action == "kill"
+            assert len(found.killed_pids) == 1  # the honest process fits: it lives on
+            (killed,) = found.killed_pids
+            (honest,) = agent.relay.peers()  # the hooked process said hello: the survivor
+            assert killed != honest and killed in found.pids
+            await wait_until(lambda: not os.path.exists(f"/proc/{killed}"), 10, "killed")
+            assert os.path.exists(f"/proc/{honest}")
+            # Back within the slice: the finding ends, the flag and gauge clear.
+            await wait_until(
+                lambda: gauge("vgpu_nodeagent_slice_violation", "over_limit", gpu=uuid) == 0,
+                10,
+                "over_limit cleared",
+            )
+            assert gauge("vgpu_nodeagent_container_measured_memory_mib", gpu=uuid) == 1000
+            killed_total = REGISTRY.get_sample_value(
+                "vgpu_nodeagent_violation_kills_total", {"node": NODE}
+            )
+            assert killed_total is not None and killed_total >= 1
+
+
+@needs_namespaces
+async def test_zeroing_the_shared_accounting_is_flagged_as_tampering(
+    build: Path,  # noqa: F811
+    nats_server: EmbeddedNats,
+    allocator: Allocator,
+    dirs: NodeDirs,
+    inbox: Inbox,
+) -> None:
+    async with placed(nats_server.url, allocator, dirs) as (_, agent, directory, uuid):
+        with in_container(directory, dirs.root / "sim", uuid, HONEST):
+            await wait_until(
+                lambda: [u for u in measured(inbox) if u.devices[0].memory_used_mib == 1000],
+                10,
+                "the hook's report",
+            )
+            assert inbox.violations == []
+            # What root in the container can do to the region: zero it (every byte).
+            region = directory / "hook.region"
+            region.write_bytes(bytes(region.stat().st_size))
+            tampering = await wait_until(lambda: inbox.of("tampering"), 10, "tampering event")
+            assert tampering[0].reported_mib == 0
+            assert tampering[0].measured_mib == 1000
+            assert "tampered" in tampering[0].reason
+            assert inbox.of("over_limit") == []  # within the slice all the same
+            assert gauge("vgpu_nodeagent_slice_violation", "tampering", gpu=uuid) == 1
+            assert agent.verifier.flags(directory.name) == {uuid: "tampering"}
+
+
+async def test_a_hello_that_lies_about_the_limits_is_tampering(
+    nats_server: EmbeddedNats, allocator: Allocator, dirs: NodeDirs, inbox: Inbox
+) -> None:
+    async with placed(nats_server.url, allocator, dirs) as (_, _agent, directory, uuid):
+        _reader, writer = await asyncio.open_unix_connection(str(directory / "relay.sock"))
+        forged = (
+            '{"v":1,"type":"hello","pid":1,"comm":"forger","devices":[{"index":0,'
+            f'"uuid":"{uuid}","limit_mib":999999,"cores":100}}]}}\n'
+        )
+        writer.write(forged.encode())
+        await writer.drain()
+        tampering = await wait_until(lambda: inbox.of("tampering"), 10, "tampering event")
+        assert "999999 MiB" in tampering[0].reason and f"{SLICE_MIB} MiB" in tampering[0].reason
+        assert gauge("vgpu_nodeagent_slice_violation", "tampering", gpu=uuid) == 1
+        # The slice stays the agent's: its limit file and its own checks are unchanged.
+        assert f"memory_limit_mib={SLICE_MIB}" in (directory / "limits").read_text()
+        writer.close()
+        await writer.wait_closed()
+        await wait_until(
+            lambda: gauge("vgpu_nodeagent_slice_violation", "tampering", gpu=uuid) == 0,
+            10,
+            "the lie ends with its connection",
+        )
+        assert len(inbox.of("tampering")) == 1
