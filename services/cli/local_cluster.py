@@ -152,6 +152,7 @@ class LocalCluster:
                 plugin_dir=str(plugin_dir),
                 pod_resources_socket=str(pod_resources / "kubelet.sock"),
                 container_root=str(root / "containers"),
+                state_dir=str(root / "agent-state"),
                 hook_library=hook_library,
                 split_count=self.spec.split_count,
                 heartbeat_s=self.spec.heartbeat_s,

@@ -1,13 +1,15 @@
-"""Containers this agent has resolved: whose each per-container directory is.
+"""Containers this agent has resolved: whose each per-container directory is, with what limits.
 
-The agent learns a directory's owner once (PodResources + claim) and records it next to the
-limit file in `owner.json` (agent-private), so a restarted agent can serve the directory's
-relay socket again without asking anyone.
+The agent learns a directory's owner once (PodResources + claim) and records it, with the
+limits it wrote, in its own state directory (`state_dir`, never mounted into a container).
+A restarted agent rebuilds from those records alone: it never reads back anything from a
+container directory (`limits`, the region, the relay socket), which the container can write.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,11 +21,8 @@ from services.nodeagent.limits_file import ContainerLimits, LimitsError
 
 log = logging.getLogger("vgpu.nodeagent")
 
-OWNER_FILE = "owner.json"
-
-
-class _Owner(msgspec.Struct):
-    pod_uid: str = ""
+RECORDS_DIR = "containers"
+_KEY = re.compile(r"^[0-9a-f]{16}$")
 
 
 @dataclass(frozen=True)
@@ -42,32 +41,51 @@ class ResolvedContainer:
         return tuple(device.uuid for device in self.limits.devices)
 
 
-def record_owner(container: ResolvedContainer) -> None:
-    atomic_write(
-        container.host_dir / OWNER_FILE, msgspec.json.encode(_Owner(container.pod_uid)).decode()
-    )
+class _Record(msgspec.Struct):
+    key: str
+    host_dir: str
+    limits: str  # the limit file's text, as the agent wrote it
+    pod_uid: str = ""
 
 
-def restore(container_root: Path) -> list[ResolvedContainer]:
-    """Every directory under `container_root` with a limit file this agent can read."""
-    found: list[ResolvedContainer] = []
-    if not container_root.is_dir():
-        return found
-    for directory in sorted(container_root.iterdir()):
-        limits_path = directory / limits_file.FILE_NAME
-        if not directory.is_dir() or not limits_path.is_file():
-            continue
-        try:
-            limits = limits_file.parse(limits_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, LimitsError) as exc:
-            log.warning(
-                "cannot restore container directory",
-                extra={"dir": str(directory), "error": str(exc)},
+class ContainerRecords:
+    """`<state_dir>/containers/<key>.json`, one per resolved container directory."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self._dir = state_dir / RECORDS_DIR
+
+    def save(self, container: ResolvedContainer) -> None:
+        self._dir.mkdir(parents=True, exist_ok=True)
+        record = _Record(
+            key=container.key,
+            host_dir=str(container.host_dir),
+            limits=limits_file.render(container.limits),
+            pod_uid=container.pod_uid,
+        )
+        atomic_write(self._dir / f"{container.key}.json", msgspec.json.encode(record).decode())
+
+    def drop(self, key: str) -> None:
+        if _KEY.match(key):
+            (self._dir / f"{key}.json").unlink(missing_ok=True)
+
+    def load(self) -> list[ResolvedContainer]:
+        """Every record this agent can read, in key order; a bad one is logged and skipped."""
+        found: list[ResolvedContainer] = []
+        if not self._dir.is_dir():
+            return found
+        for path in sorted(self._dir.glob("*.json")):
+            try:
+                record = msgspec.json.decode(path.read_bytes(), type=_Record)
+                if not _KEY.match(record.key) or path.stem != record.key:
+                    raise LimitsError(f"record names key {record.key!r}")
+                limits = limits_file.parse(record.limits)
+            except (OSError, msgspec.DecodeError, LimitsError) as exc:
+                log.warning(
+                    "cannot restore a container record",
+                    extra={"file": str(path), "error": str(exc)},
+                )
+                continue
+            found.append(
+                ResolvedContainer(record.key, Path(record.host_dir), limits, record.pod_uid)
             )
-            continue
-        try:
-            owner = msgspec.json.decode((directory / OWNER_FILE).read_bytes(), type=_Owner)
-        except (OSError, msgspec.DecodeError):
-            owner = _Owner()
-        found.append(ResolvedContainer(directory.name, directory, limits, owner.pod_uid))
-    return found
+        return found

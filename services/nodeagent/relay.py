@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
+import stat
 import struct
 import time
 from collections.abc import Awaitable, Callable
@@ -78,6 +80,19 @@ class _Connection:
     hello: Hello | None = None
     last: Usage | None = None
     exited: bool = False
+
+
+def open_to_all(socket_path: Path) -> None:
+    """chmod 0666 the socket the agent just bound, and nothing else: the directory is the
+    container's to write, so the name may have been swapped for a symlink meanwhile. The
+    inode is pinned with O_PATH|O_NOFOLLOW and changed through /proc/self/fd."""
+    fd = os.open(socket_path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            raise OSError(f"{socket_path} is no longer the agent's socket")
+        os.chmod(f"/proc/self/fd/{fd}", 0o666)
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -188,7 +203,11 @@ class RelayHub:
                     self._handlers.discard(task)
 
         server = await asyncio.start_unix_server(on_connect, path=str(path), limit=MAX_LINE_BYTES)
-        path.chmod(0o666)  # the container's processes may run as any user
+        try:
+            open_to_all(path)  # the container's processes may run as any user
+        except OSError:
+            server.close()
+            raise
         listener = _Listener(container=container, server=server, path=path)
         holder.append(listener)
         self._listeners[container.key] = listener

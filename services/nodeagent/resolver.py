@@ -31,7 +31,7 @@ from services.common.bus import Bus, BusError
 from services.common.schemas import ClaimReply, ClaimRequest
 from services.common.tracing import context_from_traceparent, tracer
 from services.nodeagent import limits_file
-from services.nodeagent.containers import ResolvedContainer, record_owner
+from services.nodeagent.containers import ResolvedContainer
 from services.nodeagent.grant import ContainerGrant
 from services.nodeagent.kubelet_checkpoint import CheckpointEntry, CheckpointError
 from services.nodeagent.limits_file import LimitsError
@@ -126,8 +126,10 @@ class AllocationResolver:
         context_overhead: Callable[[tuple[str, ...]], int] | None = None,
         checkpoint: CheckpointLocator | None = None,
         checkpoint_settle_s: float = CHECKPOINT_SETTLE_S,
+        record: Callable[[ResolvedContainer], None] | None = None,
     ) -> None:
         self._node = node_name
+        self._record = record
         self._context_overhead = context_overhead  # GPU uuids -> MiB charged per context
         self._resource = resource_name
         self._bus = bus
@@ -172,7 +174,8 @@ class AllocationResolver:
                 limits = dataclasses.replace(limits, context_overhead_mib=overhead)
             resolved = ResolvedContainer(grant.key, grant.host_dir, limits, reply.pod_uid)
             write_started = time.time_ns()
-            record_owner(resolved)
+            if self._record is not None:
+                self._record(resolved)  # the agent's own state: what a restart rebuilds from
             if self._on_resolved is not None:
                 # The relay socket exists before the limit file: a hook that found its
                 # limits can always connect.

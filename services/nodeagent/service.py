@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from importlib import metadata
 from pathlib import Path
 
@@ -14,10 +14,10 @@ from services.common import subjects
 from services.common.bus import Bus
 from services.common.schemas import GpuDevice, GpuUsage
 from services.common.tracing import setup_tracing
-from services.nodeagent import containers
+from services.nodeagent import limits_file
 from services.nodeagent.catalog import DeviceCatalog
 from services.nodeagent.cleanup import DirectoryJanitor
-from services.nodeagent.containers import ResolvedContainer
+from services.nodeagent.containers import ContainerRecords, ResolvedContainer
 from services.nodeagent.context_overhead import container_overhead, parse_overheads
 from services.nodeagent.device_watch import DeviceWatcher
 from services.nodeagent.gpus import GpuBackend, GpuProcess, NvmlInitError, backend_for
@@ -204,15 +204,18 @@ class NodeAgent:
             if load is not None:
                 self._attach_load(load, container)
 
+        records = ContainerRecords(Path(s.state_dir))
+
         async def container_gone(key: str) -> None:
             await relay.close(key)
             verifier.forget(key)
+            records.drop(key)
             if load is not None:
                 load.detach(key)
 
-        for restored in containers.restore(Path(s.container_root)):
-            # an agent restart keeps serving running containers
-            await container_started(restored)
+        for restored in records.load():
+            # An agent restart keeps serving running containers, from its own records only.
+            await self._restore(restored, records, container_started)
         await relay.start()
 
         async def on_sample(gpus: list[GpuUsage], processes: list[GpuProcess]) -> None:
@@ -264,6 +267,7 @@ class NodeAgent:
             on_resolved=container_started,
             context_overhead=self._context_overhead(catalog),
             checkpoint=KubeletCheckpoint(Path(s.plugin_dir) / CHECKPOINT_FILE),
+            record=records.save,
         )
         stack.push_async_callback(resolver.stop)
         janitor = DirectoryJanitor(
@@ -315,6 +319,28 @@ class NodeAgent:
                 "cuda": backend.cuda_version(),
             },
         )
+
+    async def _restore(
+        self,
+        container: ResolvedContainer,
+        records: ContainerRecords,
+        started: Callable[[ResolvedContainer], Awaitable[None]],
+    ) -> None:
+        """Serve a recorded container again: its relay socket, and its limit file as the
+        agent wrote it (whatever the container did to it meanwhile). The janitor later
+        removes what the kubelet no longer holds."""
+        fields = {"node": self.node_name, "key": container.key, "container": container.name}
+        if not container.host_dir.is_dir():
+            log.info("recorded container directory is gone", extra=fields)
+            records.drop(container.key)
+            return
+        try:
+            await started(container)
+            limits_file.write(container.host_dir, container.limits)
+        except OSError as exc:
+            log.error("cannot restore a container", extra={**fields, "error": str(exc)})
+            return
+        log.info("container restored from the agent's records", extra=fields)
 
     def _attach_load(self, load: LoadSink, container: ResolvedContainer) -> None:
         load.detach(container.key)  # a new owner of the directory replaces the old one's load

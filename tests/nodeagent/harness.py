@@ -39,6 +39,10 @@ class NodeDirs:
         return self.root / "containers"
 
     @property
+    def state_dir(self) -> Path:
+        return self.root / "agent-state"
+
+    @property
     def hook_library(self) -> Path:
         return self.root / "lib" / "libvgpu.so"
 
@@ -60,6 +64,7 @@ def agent_settings(nats_url: str, dirs: NodeDirs, **overrides: Any) -> NodeAgent
         "plugin_dir": str(dirs.plugin_dir),
         "pod_resources_socket": str(dirs.pod_resources_socket),
         "container_root": str(dirs.container_root),
+        "state_dir": str(dirs.state_dir),
         "hook_library": str(dirs.hook_library),
         "heartbeat_s": 5.0,
         "usage_interval_s": 0.1,

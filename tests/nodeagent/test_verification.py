@@ -29,7 +29,14 @@ from services.simulators.kubelet import KubeletSimulator
 from services.simulators.scheduler import SchedulerSimulator
 from tests.hook.conftest import build  # noqa: F401  (the compiled hook and simulated driver)
 from tests.hook.harness import hook_env, summary, tool
-from tests.nodeagent.harness import NODE, RESOURCE, NodeDirs, running_node, wait_until
+from tests.nodeagent.harness import (
+    NODE,
+    RESOURCE,
+    NodeDirs,
+    agent_settings,
+    running_node,
+    wait_until,
+)
 
 SLICE_MIB = 1024
 FAST = {
@@ -316,3 +323,54 @@ async def test_a_hello_that_lies_about_the_limits_is_tampering(
             "the lie ends with its connection",
         )
         assert len(inbox.of("tampering")) == 1
+
+
+async def test_a_restarted_agent_rebuilds_from_its_own_records_only(
+    nats_server: EmbeddedNats, allocator: Allocator, dirs: NodeDirs, inbox: Inbox
+) -> None:
+    async with placed(nats_server.url, allocator, dirs) as (_, agent, directory, uuid):
+        await agent.stop()
+        # While the agent is away, root in the container rewrites what it can reach: its
+        # limit file (widened), and a directory the agent never wrote, with a limit file.
+        widened = (
+            (directory / "limits")
+            .read_text()
+            .replace(f"memory_limit_mib={SLICE_MIB}", "memory_limit_mib=999999")
+        )
+        (directory / "limits").write_text(widened)
+        (directory / "owner.json").write_text('{"pod_uid": "uid-someone-else"}')
+        planted = dirs.container_root / "0123456789abcdef"
+        planted.mkdir()
+        (planted / "limits").write_text(widened)
+
+        again = NodeAgent(
+            agent_settings(
+                nats_server.url, dirs, simulate_driver_dir=str(dirs.root / "sim"), **FAST
+            )
+        )
+        await again.start()
+        try:
+            restored = again.relay.container(directory.name)
+            assert restored is not None
+            assert restored.limits.devices[0].memory_limit_mib == SLICE_MIB
+            assert restored.pod_uid == "uid-train"
+            # The limit file is the agent's again, and the relay serves the directory.
+            assert f"memory_limit_mib={SLICE_MIB}\n" in (directory / "limits").read_text()
+            assert (directory / "relay.sock").is_socket()
+            # What the agent never resolved is not served.
+            assert again.relay.container(planted.name) is None
+            assert not (planted / "relay.sock").exists()
+            # Its checks use its own figures: a hello with the widened limit is a lie.
+            _, writer = await asyncio.open_unix_connection(str(directory / "relay.sock"))
+            writer.write(
+                (
+                    '{"v":1,"type":"hello","pid":1,"comm":"main","devices":[{"index":0,'
+                    f'"uuid":"{uuid}","limit_mib":999999,"cores":50}}]}}\n'
+                ).encode()
+            )
+            await writer.drain()
+            lie = await wait_until(lambda: inbox.of("tampering"), 10, "tampering event")
+            assert f"wrote {uuid} with {SLICE_MIB} MiB" in lie[0].reason
+            writer.close()
+        finally:
+            await again.stop()
