@@ -39,7 +39,7 @@ cc() {
 mkdir -p "$OUT/sim" "$OUT/tests"
 
 HOOK_SOURCES="src/functions.c src/interpose.c src/state.c src/config.c src/limits.c src/region.c
-    src/track.c src/memory.c src/context.c src/procaddr.c src/launch.c src/limiter.c src/relay.c
+    src/track.c src/memory.c src/pool.c src/vmm.c src/graph_memory.c src/context.c src/procaddr.c src/launch.c src/limiter.c src/relay.c
     src/relay_msg.c src/nvml.c src/log.c"
 
 # Independent compilations run in parallel; `wait` collects them.
@@ -49,7 +49,7 @@ cc "$OUT/libvgpu.so" $SHARED -Wl,-soname,libvgpu.so $HOOK_SOURCES -ldl -pthread 
 pids="$pids $!"
 # shellcheck disable=SC2086
 cc "$OUT/sim/libcuda.so.1" $SHARED -Wl,-soname,libcuda.so.1 \
-    sim/sim_config.c sim/sim_procs.c sim/sim_cuda.c sim/sim_exec.c sim/sim_procaddr.c -pthread &
+    sim/sim_config.c sim/sim_procs.c sim/sim_cuda.c sim/sim_exec.c sim/sim_reserve.c sim/sim_procaddr.c -pthread &
 pids="$pids $!"
 # shellcheck disable=SC2086
 cc "$OUT/sim/libnvidia-ml.so.1" $SHARED -Wl,-soname,libnvidia-ml.so.1 \
@@ -63,7 +63,7 @@ ln -sf libnvidia-ml.so.1 "$OUT/sim/libnvidia-ml.so"
 # LD_LIBRARY_PATH at it too, as a container's libraries would be found).
 LINK_SIM="-L$OUT/sim -lcuda -Wl,-rpath,\$ORIGIN/../sim -pthread"
 pids=""
-for prog in alloc_limit mem_paths launch_load; do
+for prog in alloc_limit mem_paths mem_life launch_load; do
     # shellcheck disable=SC2086
     cc "$OUT/tests/$prog" "tests/$prog.c" $LINK_SIM -ldl &
     pids="$pids $!"

@@ -132,6 +132,45 @@ typedef struct CUmemPoolProps_st {
 
 typedef struct CUmemAccessDesc_st CUmemAccessDesc; /* passed through only */
 
+/* How a VMM allocation is shared between processes (cuMemExportToShareableHandle). */
+typedef enum CUmemAllocationHandleType_enum {
+    CU_MEM_HANDLE_TYPE_NONE = 0x0,
+    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 0x1, /* an int file descriptor */
+    CU_MEM_HANDLE_TYPE_WIN32 = 0x2,
+    CU_MEM_HANDLE_TYPE_WIN32_KMT = 0x4,
+    CU_MEM_HANDLE_TYPE_FABRIC = 0x8, /* a CUmemFabricHandle */
+} CUmemAllocationHandleType;
+
+typedef struct CUmemFabricHandle_st {
+    unsigned char data[64];
+} CUmemFabricHandle;
+
+typedef enum CUmemPool_attribute_enum {
+    CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES = 1,
+    CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC = 2,
+    CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES = 3,
+    CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4, /* cuuint64_t: reserved bytes kept at a sync */
+    CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5, /* cuuint64_t: device memory the pool holds */
+    CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH = 6,
+    CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7,
+    CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8,
+} CUmemPool_attribute;
+
+typedef enum CUlimit_enum {
+    CU_LIMIT_STACK_SIZE = 0x00,       /* bytes per GPU thread */
+    CU_LIMIT_PRINTF_FIFO_SIZE = 0x01, /* bytes */
+    CU_LIMIT_MALLOC_HEAP_SIZE = 0x02, /* bytes */
+    CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH = 0x03,
+    CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT = 0x04,
+    CU_LIMIT_MAX_L2_FETCH_GRANULARITY = 0x05,
+    CU_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06,
+} CUlimit;
+
+typedef enum CUdevice_attribute_enum {
+    CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
+    CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR = 39,
+} CUdevice_attribute;
+
 typedef struct CUDA_MEM_ALLOC_NODE_PARAMS_st {
     CUmemPoolProps poolProps;
     const CUmemAccessDesc *accessDescs;
@@ -165,6 +204,18 @@ typedef struct CUDA_KERNEL_NODE_PARAMS_st {
     void **kernelParams;
     void **extra;
 } CUDA_KERNEL_NODE_PARAMS;
+
+typedef enum CUgraphInstantiateResult_enum {
+    CUDA_GRAPH_INSTANTIATE_SUCCESS = 0,
+    CUDA_GRAPH_INSTANTIATE_ERROR = 1,
+} CUgraphInstantiateResult;
+
+typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st {
+    cuuint64_t flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    CUgraphInstantiateResult result_out;
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
 
 typedef struct CUlaunchConfig_st {
     unsigned int gridDimX, gridDimY, gridDimZ;

@@ -42,9 +42,6 @@ struct CUarray_st {
 struct CUmipmappedArray_st {
     int unused;
 };
-struct CUmemPoolHandle_st {
-    CUdevice dev;
-};
 
 struct sim_config sim_cfg;
 struct sim_timeline *sim_timelines[SIM_MAX_DEVICES];
@@ -57,7 +54,6 @@ static struct {
     CUdeviceptr next;
     struct CUctx_st *primary;
     int primary_refs;
-    struct CUmemPoolHandle_st default_pool;
 } devices[SIM_MAX_DEVICES];
 static struct sim_alloc *allocs; /* newest first */
 static unsigned long long next_handle = 1;
@@ -104,7 +100,6 @@ SIM_EXPORT CUresult cuInit(unsigned int flags)
             for (int i = 0; i < sim_cfg.device_count && rc == CUDA_SUCCESS; i++) {
                 devices[i].total = sim_cfg.mib * MIB;
                 devices[i].next = (CUdeviceptr)(i + 1) << 40;
-                devices[i].default_pool.dev = i;
                 if (!(sim_timelines[i] = sim_timeline_open(&sim_cfg, i)))
                     rc = CUDA_ERROR_OUT_OF_MEMORY;
                 else
@@ -223,6 +218,7 @@ SIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
         return rc ? rc : CUDA_ERROR_INVALID_VALUE;
     if (sim_current == ctx)
         sim_current = NULL;
+    sim_ctx_limits_release(ctx);
     free(ctx);
     return CUDA_SUCCESS;
 }
@@ -559,130 +555,53 @@ SIM_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray h)
     return give((uint64_t)(uintptr_t)h, MIPMAP);
 }
 
-/* --- stream-ordered allocation and pools ------------------------------------------------- */
+/* --- for sim_reserve.c: memory whose lifetime spans calls ---------------------------------- */
 
-SIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+CUresult sim_vmm_take(int dev, size_t bytes, int charge, CUmemGenericAllocationHandle *handle)
 {
-    (void)hStream;
-    return alloc_linear(dptr, bytesize, POOL);
+    return take(dev, bytes, VMM, charge, handle);
 }
 
-SIM_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
-{
-    return cuMemAllocAsync(dptr, bytesize, hStream);
-}
-
-SIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                            CUstream hStream)
-{
-    (void)hStream;
-    CUresult rc = sim_check_init();
-    if (rc || !dptr || !pool)
-        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
-    return take(pool->dev, bytesize, POOL, 1, dptr);
-}
-
-SIM_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
-                                                 CUmemoryPool pool, CUstream hStream)
-{
-    return cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream);
-}
-
-SIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
-{
-    (void)hStream;
-    return give(dptr, POOL);
-}
-
-SIM_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
-{
-    return cuMemFreeAsync(dptr, hStream);
-}
-
-SIM_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
-{
-    CUresult rc = sim_check_init();
-    if (rc || !pool || !props || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
-    if ((rc = sim_check_device(props->location.id)))
-        return rc;
-    if (!(*pool = malloc(sizeof **pool)))
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    (*pool)->dev = props->location.id;
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
-{
-    CUresult rc = sim_check_init();
-    if (rc || !pool)
-        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
-    if (pool != &devices[pool->dev].default_pool)
-        free(pool);
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
-{
-    CUresult rc = sim_check_device(dev);
-    if (rc || !pool)
-        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
-    *pool = &devices[dev].default_pool;
-    return CUDA_SUCCESS;
-}
-
-/* --- virtual memory management ----------------------------------------------------------- */
-
-SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
-                                const CUmemAllocationProp *prop, unsigned long long flags)
-{
-    CUresult rc = sim_check_init();
-    if (rc || !handle || !prop || flags || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
-    if ((rc = sim_check_device(prop->location.id)))
-        return rc;
-    if (size % (2 * MIB)) /* the granularity the real driver reports for device memory */
-        return CUDA_ERROR_INVALID_VALUE;
-    return take(prop->location.id, size, VMM, 1, handle);
-}
-
-SIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+CUresult sim_vmm_give(CUmemGenericAllocationHandle handle)
 {
     return give(handle, VMM);
 }
 
-SIM_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
-                                        CUdeviceptr addr, unsigned long long flags)
+CUresult sim_pool_address_take(int dev, size_t bytes, CUdeviceptr *dptr)
 {
-    (void)alignment, (void)addr, (void)flags;
-    CUresult rc = sim_check_init();
-    if (rc || !ptr || size == 0)
-        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    return take(dev, bytes, POOL, 0, dptr);
+}
+
+CUresult sim_pool_address_give(CUdeviceptr dptr)
+{
+    return give(dptr, POOL);
+}
+
+CUresult sim_reserve(int dev, size_t bytes)
+{
+    CUresult rc = sim_check_device(dev);
+    if (rc)
+        return rc;
     pthread_mutex_lock(&mu);
-    static CUdeviceptr next_va = 0x7f0000000000ull;
-    *ptr = next_va;
-    next_va += (size + 2 * MIB - 1) / (2 * MIB) * (2 * MIB);
+    if (bytes > devices[dev].total - devices[dev].used) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        devices[dev].used += bytes;
+        device_charge(dev, (int64_t)bytes);
+    }
     pthread_mutex_unlock(&mu);
-    return CUDA_SUCCESS;
+    return rc;
 }
 
-SIM_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+void sim_unreserve(int dev, size_t bytes)
 {
-    (void)ptr, (void)size;
-    return sim_check_init();
-}
-
-SIM_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
-                             CUmemGenericAllocationHandle handle, unsigned long long flags)
-{
-    (void)ptr, (void)size, (void)offset, (void)handle, (void)flags;
-    return sim_check_init();
-}
-
-SIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
-{
-    (void)ptr, (void)size;
-    return sim_check_init();
+    if (sim_check_device(dev))
+        return;
+    pthread_mutex_lock(&mu);
+    uint64_t b = bytes < devices[dev].used ? bytes : devices[dev].used;
+    devices[dev].used -= b;
+    device_charge(dev, -(int64_t)b);
+    pthread_mutex_unlock(&mu);
 }
 
 /* --- inter-process memory ---------------------------------------------------------------- */

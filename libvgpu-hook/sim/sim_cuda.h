@@ -15,6 +15,7 @@ struct CUstream_st {
 
 struct CUctx_st {
     CUdevice dev;
+    size_t limits[3]; /* CU_LIMIT_STACK_SIZE .. CU_LIMIT_MALLOC_HEAP_SIZE; 0 = the default */
     struct CUstream_st null_stream;
     _Atomic uint64_t last_end_ns; /* over all its streams, for cuCtxSynchronize */
 };
@@ -26,6 +27,25 @@ extern _Thread_local CUcontext sim_current;
 /* CUDA_SUCCESS once cuInit succeeded, else CUDA_ERROR_NOT_INITIALIZED. */
 CUresult sim_check_init(void);
 CUresult sim_check_device(CUdevice dev);
+
+/* sim_cuda.c, for sim_reserve.c. VMM handles: recorded on dev, counted in its used memory
+ * when charge is set (an import of another process's memory is not). Pool addresses: not
+ * counted (the pool's reservation is, through sim_reserve). */
+CUresult sim_vmm_take(int dev, size_t bytes, int charge, CUmemGenericAllocationHandle *handle);
+CUresult sim_vmm_give(CUmemGenericAllocationHandle handle);
+CUresult sim_pool_address_take(int dev, size_t bytes, CUdeviceptr *dptr);
+CUresult sim_pool_address_give(CUdeviceptr dptr);
+/* Device memory held without an address of its own (pool reservations, graph memory,
+ * context limits): CUDA_ERROR_OUT_OF_MEMORY if it does not fit. */
+CUresult sim_reserve(int dev, size_t bytes);
+void sim_unreserve(int dev, size_t bytes);
+
+/* sim_reserve.c: what a context's limits hold is given back with it; pools give back
+ * what they keep above their release threshold at every synchronisation. */
+void sim_ctx_limits_release(CUcontext ctx);
+void sim_pools_sync(void);
+/* The device a stream's work runs on (NULL and the special handles: the current context's). */
+CUresult sim_stream_device(CUstream s, CUdevice *dev);
 
 /* Raises an atomic to at least v. */
 static inline void sim_atomic_max(_Atomic uint64_t *a, uint64_t v)

@@ -7,6 +7,7 @@
  * Launches are asynchronous; a launch blocks only when its stream is already
  * VGPU_SIM_QUEUE_US ahead of the clock (a full launch queue). Synchronisation
  * sleeps until the work it waits for has ended. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,13 +26,16 @@ struct CUfunc_st {
     CUmodule module;
 };
 struct CUgraph_st {
-    uint64_t kernel_ns; /* GPU time of all its kernel nodes */
+    uint64_t kernel_ns;             /* GPU time of all its kernel nodes */
+    uint64_t mem[SIM_MAX_DEVICES]; /* bytes of its memory-allocation nodes, per device */
 };
 struct CUgraphNode_st {
     int unused;
 };
 struct CUgraphExec_st {
     uint64_t kernel_ns;
+    uint64_t mem[SIM_MAX_DEVICES];
+    int mem_held; /* the graph's memory is taken at its first upload or launch */
 };
 
 /* The stream work goes to; NULL and the special handles mean the context's own. */
@@ -107,6 +111,8 @@ SIM_EXPORT CUresult cuStreamSynchronize(CUstream hStream)
     CUresult rc = resolve_stream(hStream, &s);
     if (rc == CUDA_SUCCESS)
         sim_sleep_until(atomic_load(&s->last_end_ns));
+    if (rc == CUDA_SUCCESS)
+        sim_pools_sync();
     return rc;
 }
 
@@ -138,6 +144,7 @@ SIM_EXPORT CUresult cuCtxSynchronize(void)
     if (!sim_current)
         return CUDA_ERROR_INVALID_CONTEXT;
     sim_sleep_until(atomic_load(&sim_current->last_end_ns));
+    sim_pools_sync();
     return CUDA_SUCCESS;
 }
 
@@ -179,6 +186,7 @@ SIM_EXPORT CUresult cuEventSynchronize(CUevent hEvent)
     if (rc || !hEvent)
         return rc ? rc : CUDA_ERROR_INVALID_HANDLE;
     sim_sleep_until(hEvent->t_ns);
+    sim_pools_sync();
     return CUDA_SUCCESS;
 }
 
@@ -349,8 +357,8 @@ SIM_EXPORT CUresult cuGraphAddKernelNode(CUgraphNode *phGraphNode, CUgraph hGrap
     return CUDA_SUCCESS;
 }
 
-/* The graph's memory is reserved by the driver when the graph runs; the
- * simulator hands out an address and charges nothing. */
+/* The graph's memory is taken when an executable graph made from it is first
+ * uploaded or launched (graph_memory_hold); adding the node takes nothing. */
 SIM_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph,
                                            const CUgraphNode *deps, size_t numDeps,
                                            CUDA_MEM_ALLOC_NODE_PARAMS *p)
@@ -363,6 +371,7 @@ SIM_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGr
     if ((rc = sim_check_device(p->poolProps.location.id)))
         return rc;
     p->dptr = atomic_fetch_add(&next, (p->bytesize + 0xfffff) & ~0xfffffull);
+    hGraph->mem[p->poolProps.location.id] += p->bytesize;
     return CUDA_SUCCESS;
 }
 
@@ -387,6 +396,27 @@ SIM_EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph,
     return cuGraphAddNode(phGraphNode, hGraph, deps, numDeps, p);
 }
 
+/* Takes an executable graph's memory at its first upload or launch; it is held
+ * until the executable graph is destroyed (as the real driver's graph memory
+ * pool holds it until trimmed). */
+static CUresult graph_memory_hold(CUgraphExec e)
+{
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&mu);
+    int d = 0;
+    for (; !e->mem_held && d < SIM_MAX_DEVICES && rc == CUDA_SUCCESS; d++)
+        if (e->mem[d])
+            rc = sim_reserve(d, e->mem[d]);
+    if (rc) /* give back what the devices before the failing one took */
+        for (int i = 0; i < d - 1; i++)
+            sim_unreserve(i, e->mem[i]);
+    else
+        e->mem_held = 1;
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
 SIM_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
                                                 unsigned long long flags)
 {
@@ -394,9 +424,10 @@ SIM_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgrap
     CUresult rc = sim_check_init();
     if (rc || !phGraphExec || !hGraph)
         return rc ? rc : CUDA_ERROR_INVALID_VALUE;
-    if (!(*phGraphExec = malloc(sizeof **phGraphExec)))
+    if (!(*phGraphExec = calloc(1, sizeof **phGraphExec)))
         return CUDA_ERROR_OUT_OF_MEMORY;
     (*phGraphExec)->kernel_ns = hGraph->kernel_ns;
+    memcpy((*phGraphExec)->mem, hGraph->mem, sizeof hGraph->mem);
     return CUDA_SUCCESS;
 }
 
@@ -405,6 +436,9 @@ SIM_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
     CUresult rc = sim_check_init();
     if (rc || !hGraphExec)
         return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    if (hGraphExec->mem_held)
+        for (int d = 0; d < SIM_MAX_DEVICES; d++)
+            sim_unreserve(d, hGraphExec->mem[d]);
     free(hGraphExec);
     return CUDA_SUCCESS;
 }
@@ -415,6 +449,8 @@ SIM_EXPORT CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
     CUresult rc = resolve_stream(hStream, &s);
     if (rc || !hGraphExec)
         return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    if ((rc = graph_memory_hold(hGraphExec)))
+        return rc;
     run_on(s, hGraphExec->kernel_ns);
     return CUDA_SUCCESS;
 }
@@ -422,4 +458,80 @@ SIM_EXPORT CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
 SIM_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
 {
     return cuGraphLaunch(hGraphExec, hStream);
+}
+
+/* --- more graph entry points: instantiation variants, upload, clone, free nodes ----------- */
+
+SIM_EXPORT CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                       CUgraphNode *phErrorNode, char *logBuffer,
+                                       size_t bufferSize)
+{
+    (void)phErrorNode;
+    if (logBuffer && bufferSize)
+        logBuffer[0] = '\0';
+    return cuGraphInstantiateWithFlags(phGraphExec, hGraph, 0);
+}
+
+SIM_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                          CUgraphNode *phErrorNode, char *logBuffer,
+                                          size_t bufferSize)
+{
+    return cuGraphInstantiate(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
+}
+
+SIM_EXPORT CUresult cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream)
+{
+    struct CUstream_st *s;
+    CUresult rc = resolve_stream(hStream, &s);
+    if (rc || !hGraphExec)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    return graph_memory_hold(hGraphExec);
+}
+
+SIM_EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream)
+{
+    return cuGraphUpload(hGraphExec, hStream);
+}
+
+/* With an upload stream in the parameters, the graph is uploaded as well. */
+SIM_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                 CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    if (!params)
+        return sim_check_init() ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = cuGraphInstantiateWithFlags(phGraphExec, hGraph, params->flags);
+    if (rc == CUDA_SUCCESS && params->hUploadStream &&
+        (rc = cuGraphUpload(*phGraphExec, params->hUploadStream)) != CUDA_SUCCESS)
+        cuGraphExecDestroy(*phGraphExec);
+    params->hErrNode_out = NULL;
+    params->result_out = rc ? CUDA_GRAPH_INSTANTIATE_ERROR : CUDA_GRAPH_INSTANTIATE_SUCCESS;
+    return rc;
+}
+
+SIM_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                      CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    return cuGraphInstantiateWithParams(phGraphExec, hGraph, params);
+}
+
+SIM_EXPORT CUresult cuGraphClone(CUgraph *phGraphClone, CUgraph originalGraph)
+{
+    CUresult rc = sim_check_init();
+    if (rc || !phGraphClone || !originalGraph)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    if (!(*phGraphClone = malloc(sizeof **phGraphClone)))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    **phGraphClone = *originalGraph;
+    return CUDA_SUCCESS;
+}
+
+/* Frees, when the graph runs, what an allocation node gave; the simulated graph keeps
+ * its allocation nodes' memory whole (an upper bound: the real driver may reuse it). */
+SIM_EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                          const CUgraphNode *deps, size_t numDeps,
+                                          CUdeviceptr dptr)
+{
+    (void)deps, (void)numDeps;
+    CUresult rc = new_node(phGraphNode, hGraph);
+    return rc ? rc : dptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }

@@ -7,15 +7,9 @@
 #include "functions.h"
 #include "launch.h"
 #include "log.h"
+#include "memory.h"
 #include "relay.h"
 #include "state.h"
-
-#define MIB (1024ull * 1024ull)
-
-#define REAL_OR_RETURN(name)            \
-    vgpu_##name##_fn real = REAL(name); \
-    if (!real)                          \
-        return CUDA_ERROR_NOT_FOUND
 
 static pthread_once_t started_once = PTHREAD_ONCE_INIT;
 
@@ -58,6 +52,7 @@ static void clamp_to_slice(int dev, uint64_t *free_bytes, uint64_t *total_bytes)
     uint64_t limit = vgpu_limit_bytes(dev);
     if (limit == 0)
         return;
+    vgpu_pools_refresh(dev); /* what pools gave back at synchronisations */
     uint64_t used = vgpu_region_used(vgpu_region, dev);
     uint64_t left = used < limit ? limit - used : 0;
     if (*total_bytes > limit)
@@ -287,4 +282,92 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 CUresult cuDevicePrimaryCtxReset(CUdevice dev)
 {
     PRIMARY(cuDevicePrimaryCtxReset, 1);
+}
+
+/* --- context limits ------------------------------------------------------------------------ */
+
+/* Threads a device can hold at once, which each get CU_LIMIT_STACK_SIZE of stack. */
+static uint64_t resident_threads(CUdevice dev)
+{
+    vgpu_cuDeviceGetAttribute_fn attr = REAL(cuDeviceGetAttribute);
+    int sms = 0, per_sm = 0;
+    if (!attr || attr(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS ||
+        attr(&per_sm, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev) != CUDA_SUCCESS ||
+        sms <= 0 || per_sm <= 0)
+        return 256ull * 2048; /* more than any GPU holds: the driver cannot say, so err high */
+    return (uint64_t)sms * (uint64_t)per_sm;
+}
+
+/* Device memory a limit at `value` takes beyond what it took at `base` (the
+ * value the context had when the hook first saw it, part of its overhead);
+ * UINT64_MAX on overflow, which no limit admits. */
+static uint64_t limit_bytes(CUlimit limit, uint64_t value, uint64_t base, CUdevice dev)
+{
+    uint64_t extra = value > base ? value - base : 0;
+    if (limit != CU_LIMIT_STACK_SIZE || extra == 0)
+        return extra;
+    uint64_t threads = resident_threads(dev);
+    return extra > UINT64_MAX / threads ? UINT64_MAX : extra * threads;
+}
+
+static int assign(struct vgpu_object *o, void *arg)
+{
+    *o = *(const struct vgpu_object *)arg;
+    return 0;
+}
+
+static pthread_mutex_t limit_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* The malloc heap, the printf FIFO and the stack (per resident thread) take
+ * device memory: a larger limit is charged before the driver is asked, and
+ * refused with CUDA_ERROR_OUT_OF_MEMORY when it does not fit. */
+CUresult cuCtxSetLimit(CUlimit limit, size_t value)
+{
+    REAL_OR_RETURN(cuCtxSetLimit);
+    if (!vgpu_ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUcontext ctx;
+    CUdevice dev;
+    vgpu_cuCtxGetLimit_fn get = REAL(cuCtxGetLimit);
+    if ((unsigned)limit > CU_LIMIT_MALLOC_HEAP_SIZE || vgpu_current(&ctx, &dev) != 0)
+        return real(limit, value); /* takes no memory, or fails in the driver */
+    pthread_mutex_lock(&limit_mu);
+    size_t before = 0;
+    int known = get && get(&before, limit) == CUDA_SUCCESS;
+    struct vgpu_object o = {.kind = VGPU_CTX_LIMIT, .key = vgpu_limit_key((uintptr_t)ctx, limit),
+                            .dev = dev, .ctx = (uintptr_t)ctx, .size = known ? before : 0};
+    int tracked = vgpu_track_find(&vgpu_objects, VGPU_CTX_LIMIT, o.key, &o) == 0;
+    uint64_t want = limit_bytes(limit, value, o.size, dev);
+    uint64_t charged = want > o.bytes ? want - o.bytes : 0; /* on top of o.bytes */
+    CUresult rc = charged ? vgpu_mem_charge(dev, charged) : CUDA_SUCCESS;
+    if (rc != CUDA_SUCCESS) {
+        pthread_mutex_unlock(&limit_mu);
+        return rc;
+    }
+    rc = real(limit, value);
+    size_t after = value;
+    if (rc == CUDA_SUCCESS && get && get(&after, limit) == CUDA_SUCCESS &&
+        limit_bytes(limit, after, o.size, dev) > want) {
+        /* The driver rounded it up: that must fit too, else the old value comes back. */
+        uint64_t more = limit_bytes(limit, after, o.size, dev) - want;
+        if (vgpu_mem_charge(dev, more) == CUDA_SUCCESS) {
+            want += more, charged += more;
+        } else {
+            real(limit, known ? before : 0);
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    if (rc != CUDA_SUCCESS) {
+        vgpu_uncharge(dev, charged);
+    } else {
+        if (want < o.bytes)
+            vgpu_uncharge(dev, o.bytes - want);
+        o.bytes = want;
+        if (tracked)
+            vgpu_track_update(&vgpu_objects, VGPU_CTX_LIMIT, o.key, assign, &o, NULL);
+        else if (vgpu_track_add(&vgpu_objects, &o) != 0) /* charged for the life of the process */
+            vgpu_log_error("out of host memory tracking a context limit on device %d", dev);
+    }
+    pthread_mutex_unlock(&limit_mu);
+    return rc;
 }

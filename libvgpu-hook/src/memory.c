@@ -1,30 +1,32 @@
-/* Interposers of the device-memory family (cuda_memory.def): every path that
- * takes device memory charges it to the container before the driver is asked
- * (so nothing ever exceeds the limit), and every path that gives it back
- * uncharges it. Legacy 32-bit entry points are refused. */
+/* Interposers of the device-memory family (cuda_memory.def): linear memory,
+ * arrays and IPC. Every path that takes device memory charges it to the
+ * container before the driver is asked (so nothing ever exceeds the limit),
+ * and every path that gives it back uncharges it. Legacy 32-bit entry points
+ * are refused. Pools are in pool.c, VMM in vmm.c, graphs in graph_memory.c. */
 #include <string.h>
 
-#include "functions.h"
 #include "log.h"
-#include "state.h"
+#include "memory.h"
 
-#define MIB (1024ull * 1024ull)
 #define PITCH_ALIGN 512ull /* the real driver's pitch alignment on current GPUs */
 
-/* Declares `real`, the real function; returns if the driver lacks it. */
-#define REAL_OR_RETURN(name)            \
-    vgpu_##name##_fn real = REAL(name); \
-    if (!real)                          \
-        return CUDA_ERROR_NOT_FOUND
+CUresult vgpu_mem_charge(int dev, uint64_t bytes)
+{
+    uint64_t limit = vgpu_limit_bytes(dev);
+    if (limit && (bytes > limit || vgpu_region_used(vgpu_region, dev) > limit - bytes))
+        vgpu_pools_refresh(dev); /* pools may have given memory back at a synchronisation */
+    return vgpu_charge(dev, bytes);
+}
 
-#define READY_OR_RETURN()    \
-    if (!vgpu_ready())       \
-    return CUDA_ERROR_NOT_INITIALIZED
+void vgpu_mem_force_charge(int dev, uint64_t bytes)
+{
+    int slot = vgpu_slot();
+    if (bytes && slot >= 0)
+        vgpu_region_reserve(vgpu_region, slot, dev, bytes, 0, NULL);
+}
 
-/* After the driver answered an allocation that was charged beforehand:
- * remember it on success, give the charge back on failure. */
-static CUresult settle(CUresult rc, enum vgpu_kind kind, uint64_t key, int dev, uint64_t bytes,
-                       CUcontext ctx)
+CUresult vgpu_mem_settle(CUresult rc, enum vgpu_kind kind, uint64_t key, int dev, uint64_t bytes,
+                         CUcontext ctx)
 {
     if (rc != CUDA_SUCCESS) {
         vgpu_uncharge(dev, bytes);
@@ -39,13 +41,34 @@ static CUresult settle(CUresult rc, enum vgpu_kind kind, uint64_t key, int dev, 
     return rc;
 }
 
-/* Gives back an object the driver has just released. */
-static void forget(enum vgpu_kind kind, uint64_t key)
+void vgpu_mem_forget(enum vgpu_kind kind, uint64_t key)
 {
     struct vgpu_object o;
     if (vgpu_track_remove(&vgpu_objects, kind, key, &o) == 0)
         vgpu_release_object(&o, NULL);
 }
+
+int vgpu_stream_device(CUstream stream, CUdevice *dev)
+{
+    CUcontext cur = NULL, sc = NULL, popped;
+    CUdevice cur_dev = 0;
+    int have = vgpu_current(&cur, &cur_dev) == 0;
+    vgpu_cuStreamGetCtx_fn get_ctx = REAL(cuStreamGetCtx);
+    vgpu_cuCtxPushCurrent_v2_fn push = REAL(cuCtxPushCurrent_v2);
+    vgpu_cuCtxPopCurrent_v2_fn pop = REAL(cuCtxPopCurrent_v2);
+    vgpu_cuCtxGetDevice_fn get_dev = REAL(cuCtxGetDevice);
+    if (!get_ctx || get_ctx(stream, &sc) != CUDA_SUCCESS || !sc || (have && sc == cur) || !push ||
+        !pop || !get_dev || push(sc) != CUDA_SUCCESS) {
+        *dev = cur_dev; /* the stream's own context is the current one, or cannot be told */
+        return have ? 0 : -1;
+    }
+    CUresult rc = get_dev(dev);
+    pop(&popped);
+    return rc == CUDA_SUCCESS && *dev >= 0 && *dev < VGPU_MAX_DEVICES ? 0 : -1;
+}
+
+#define settle vgpu_mem_settle
+#define forget vgpu_mem_forget
 
 static CUresult refuse_legacy(const char *name)
 {
@@ -65,7 +88,7 @@ static CUresult alloc_linear(CUdeviceptr *dptr, size_t bytes, alloc_call call, v
     CUdevice dev;
     if (!dptr || bytes == 0 || vgpu_current(&ctx, &dev) != 0)
         return call(args, dptr); /* nothing to account: the driver reports the error */
-    CUresult rc = vgpu_charge(dev, bytes);
+    CUresult rc = vgpu_mem_charge(dev, bytes);
     if (rc != CUDA_SUCCESS)
         return rc;
     rc = call(args, dptr);
@@ -132,14 +155,14 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t width, siz
     if (pitch > UINT64_MAX / height)
         return CUDA_ERROR_OUT_OF_MEMORY;
     uint64_t estimate = pitch * height;
-    CUresult rc = vgpu_charge(dev, estimate);
+    CUresult rc = vgpu_mem_charge(dev, estimate);
     if (rc != CUDA_SUCCESS)
         return rc;
     rc = real(dptr, pPitch, width, height, elementSize);
     if (rc != CUDA_SUCCESS)
         return settle(rc, VGPU_LINEAR, 0, dev, estimate, ctx);
     uint64_t actual = (uint64_t)*pPitch * height;
-    if (actual > estimate && vgpu_charge(dev, actual - estimate) != CUDA_SUCCESS) {
+    if (actual > estimate && vgpu_mem_charge(dev, actual - estimate) != CUDA_SUCCESS) {
         vgpu_cuMemFree_v2_fn real_free = REAL(cuMemFree_v2);
         if (real_free)
             real_free(*dptr);
@@ -158,14 +181,14 @@ CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned in
     return refuse_legacy("cuMemAllocPitch");
 }
 
-/* Forgets the allocation before the driver can hand its address out again;
- * puts it back if the driver refuses to free it. */
-static CUresult free_linear(CUdeviceptr dptr, CUresult (*call)(void *, CUdeviceptr), void *args)
+CUresult vgpu_free_linear(CUdeviceptr dptr, CUresult (*call)(void *, CUdeviceptr), void *args)
 {
     struct vgpu_object o;
     int tracked = vgpu_track_remove(&vgpu_objects, VGPU_LINEAR, dptr, &o) == 0;
     CUresult rc = call(args, dptr);
-    if (tracked && rc == CUDA_SUCCESS)
+    if (tracked && rc == CUDA_SUCCESS && o.parent)
+        vgpu_pool_freed(o.parent, o.size); /* back to its pool, which stays charged */
+    else if (tracked && rc == CUDA_SUCCESS)
         vgpu_release_object(&o, NULL);
     else if (tracked && vgpu_track_add(&vgpu_objects, &o) != 0)
         vgpu_log_error("out of host memory re-tracking an allocation on device %d", o.dev);
@@ -180,123 +203,7 @@ static CUresult call_free(void *p, CUdeviceptr dptr)
 CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     REAL_OR_RETURN(cuMemFree_v2);
-    return free_linear(dptr, call_free, (void *)real);
-}
-
-/* --- stream-ordered allocation and pools --------------------------------------------------- */
-
-struct async_args {
-    vgpu_cuMemAllocAsync_fn real;
-    size_t bytes;
-    CUstream stream;
-};
-
-static CUresult call_async(void *p, CUdeviceptr *dptr)
-{
-    struct async_args *a = p;
-    return a->real(dptr, a->bytes, a->stream);
-}
-
-CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
-{
-    REAL_OR_RETURN(cuMemAllocAsync);
-    struct async_args a = {real, bytesize, hStream};
-    return alloc_linear(dptr, bytesize, call_async, &a);
-}
-
-CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
-{
-    REAL_OR_RETURN(cuMemAllocAsync_ptsz);
-    struct async_args a = {real, bytesize, hStream};
-    return alloc_linear(dptr, bytesize, call_async, &a);
-}
-
-/* Pools made with cuMemPoolCreate allocate on their own device; others (a
- * device's default pool) on the current context's. */
-static CUresult alloc_from_pool(vgpu_cuMemAllocFromPoolAsync_fn real, CUdeviceptr *dptr,
-                                size_t bytes, CUmemoryPool pool, CUstream stream)
-{
-    READY_OR_RETURN();
-    CUcontext ctx;
-    CUdevice dev;
-    struct vgpu_object p;
-    int have_ctx = vgpu_current(&ctx, &dev) == 0;
-    if (vgpu_track_find(&vgpu_objects, VGPU_POOL, (uint64_t)(uintptr_t)pool, &p) == 0)
-        dev = p.dev;
-    else if (!have_ctx)
-        return real(dptr, bytes, pool, stream);
-    if (!have_ctx)
-        ctx = NULL;
-    if (!dptr || bytes == 0)
-        return real(dptr, bytes, pool, stream);
-    CUresult rc = vgpu_charge(dev, bytes);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    rc = real(dptr, bytes, pool, stream);
-    return settle(rc, VGPU_LINEAR, rc == CUDA_SUCCESS ? *dptr : 0, dev, bytes, ctx);
-}
-
-CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                 CUstream hStream)
-{
-    REAL_OR_RETURN(cuMemAllocFromPoolAsync);
-    return alloc_from_pool(real, dptr, bytesize, pool, hStream);
-}
-
-CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                      CUstream hStream)
-{
-    REAL_OR_RETURN(cuMemAllocFromPoolAsync_ptsz);
-    return alloc_from_pool(real, dptr, bytesize, pool, hStream);
-}
-
-struct free_async_args {
-    vgpu_cuMemFreeAsync_fn real;
-    CUstream stream;
-};
-
-static CUresult call_free_async(void *p, CUdeviceptr dptr)
-{
-    struct free_async_args *a = p;
-    return a->real(dptr, a->stream);
-}
-
-/* Given back when the free is queued: later allocations are ordered after it
- * on the stream, or wait for it, so the pool never holds both at once for us. */
-CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
-{
-    REAL_OR_RETURN(cuMemFreeAsync);
-    struct free_async_args a = {real, hStream};
-    return free_linear(dptr, call_free_async, &a);
-}
-
-CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
-{
-    REAL_OR_RETURN(cuMemFreeAsync_ptsz);
-    struct free_async_args a = {real, hStream};
-    return free_linear(dptr, call_free_async, &a);
-}
-
-CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
-{
-    REAL_OR_RETURN(cuMemPoolCreate);
-    CUresult rc = real(pool, props);
-    if (rc == CUDA_SUCCESS && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
-        props->location.id >= 0 && props->location.id < VGPU_MAX_DEVICES) {
-        struct vgpu_object o = {.kind = VGPU_POOL, .key = (uint64_t)(uintptr_t)*pool,
-                                .dev = props->location.id};
-        vgpu_track_add(&vgpu_objects, &o);
-    }
-    return rc;
-}
-
-CUresult cuMemPoolDestroy(CUmemoryPool pool)
-{
-    REAL_OR_RETURN(cuMemPoolDestroy);
-    CUresult rc = real(pool);
-    if (rc == CUDA_SUCCESS)
-        forget(VGPU_POOL, (uint64_t)(uintptr_t)pool);
-    return rc;
+    return vgpu_free_linear(dptr, call_free, (void *)real);
 }
 
 /* --- arrays -------------------------------------------------------------------------------- */
@@ -348,7 +255,7 @@ static CUresult create_handle(enum vgpu_kind kind, uint64_t bytes, void **handle
     CUdevice dev;
     if (!handle || bytes == 0 || vgpu_current(&ctx, &dev) != 0)
         return call(args, handle);
-    CUresult rc = vgpu_charge(dev, bytes);
+    CUresult rc = vgpu_mem_charge(dev, bytes);
     if (rc != CUDA_SUCCESS)
         return rc;
     rc = call(args, handle);
@@ -445,36 +352,6 @@ CUresult cuMipmappedArrayDestroy(CUmipmappedArray h)
     return rc;
 }
 
-/* --- virtual memory management ------------------------------------------------------------- */
-
-/* Physical memory is taken by cuMemCreate and given back by cuMemRelease;
- * mapping it (cuMemMap) takes nothing more. */
-CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
-                     const CUmemAllocationProp *prop, unsigned long long flags)
-{
-    REAL_OR_RETURN(cuMemCreate);
-    READY_OR_RETURN();
-    if (!handle || !prop || size == 0 || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
-        prop->location.id < 0 || prop->location.id >= VGPU_MAX_DEVICES)
-        return real(handle, size, prop, flags); /* host memory, or invalid */
-    int dev = prop->location.id;
-    CUresult rc = vgpu_charge(dev, size);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    rc = real(handle, size, prop, flags);
-    /* Not bound to a context: it outlives them. */
-    return settle(rc, VGPU_VMM, rc == CUDA_SUCCESS ? *handle : 0, dev, size, NULL);
-}
-
-CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
-{
-    REAL_OR_RETURN(cuMemRelease);
-    CUresult rc = real(handle);
-    if (rc == CUDA_SUCCESS)
-        forget(VGPU_VMM, handle);
-    return rc;
-}
-
 /* --- inter-process memory ------------------------------------------------------------------ */
 
 static uint64_t handle_hash(const CUipcMemHandle *h)
@@ -521,7 +398,7 @@ static CUresult open_ipc(vgpu_cuIpcOpenMemHandle_v2_fn real, CUdeviceptr *pdptr,
             size = 0;
         }
         bytes = size;
-        if (size == 0 || vgpu_charge(dev, bytes) != CUDA_SUCCESS) {
+        if (size == 0 || vgpu_mem_charge(dev, bytes) != CUDA_SUCCESS) {
             vgpu_cuIpcCloseMemHandle_fn close = REAL(cuIpcCloseMemHandle);
             if (close)
                 close(*pdptr);
@@ -553,100 +430,5 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
     CUresult rc = real(dptr);
     if (rc == CUDA_SUCCESS)
         forget(VGPU_IMPORT, dptr);
-    return rc;
-}
-
-/* --- graph memory nodes -------------------------------------------------------------------- */
-
-/* A graph's allocation nodes are charged when added and given back when the
- * graph is destroyed: the memory is the graph's to use whenever it runs. */
-static CUresult add_alloc_node(CUgraph graph, CUDA_MEM_ALLOC_NODE_PARAMS *p, CUresult (*call)(void *),
-                               void *args)
-{
-    READY_OR_RETURN();
-    if (!p || p->bytesize == 0 || p->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
-        p->poolProps.location.id < 0 || p->poolProps.location.id >= VGPU_MAX_DEVICES)
-        return call(args);
-    int dev = p->poolProps.location.id;
-    CUresult rc = vgpu_charge(dev, p->bytesize);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    rc = call(args);
-    return settle(rc, VGPU_GRAPH, (uint64_t)(uintptr_t)graph, dev, p->bytesize, NULL);
-}
-
-struct alloc_node_args {
-    vgpu_cuGraphAddMemAllocNode_fn real;
-    CUgraphNode *node;
-    CUgraph graph;
-    const CUgraphNode *deps;
-    size_t n;
-    CUDA_MEM_ALLOC_NODE_PARAMS *params;
-};
-
-static CUresult call_alloc_node(void *p)
-{
-    struct alloc_node_args *a = p;
-    return a->real(a->node, a->graph, a->deps, a->n, a->params);
-}
-
-CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph,
-                                const CUgraphNode *deps, size_t n, CUDA_MEM_ALLOC_NODE_PARAMS *p)
-{
-    REAL_OR_RETURN(cuGraphAddMemAllocNode);
-    struct alloc_node_args a = {real, phGraphNode, hGraph, deps, n, p};
-    return add_alloc_node(hGraph, p, call_alloc_node, &a);
-}
-
-struct add_node_args {
-    vgpu_cuGraphAddNode_v2_fn real_v2;
-    vgpu_cuGraphAddNode_fn real;
-    CUgraphNode *node;
-    CUgraph graph;
-    const CUgraphNode *deps;
-    const CUgraphEdgeData *edges;
-    size_t n;
-    CUgraphNodeParams *params;
-};
-
-static CUresult call_add_node(void *p)
-{
-    struct add_node_args *a = p;
-    return a->real_v2 ? a->real_v2(a->node, a->graph, a->deps, a->edges, a->n, a->params)
-                      : a->real(a->node, a->graph, a->deps, a->n, a->params);
-}
-
-static CUresult add_node(struct add_node_args *a)
-{
-    if (a->params && a->params->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC)
-        return add_alloc_node(a->graph, &a->params->alloc, call_add_node, a);
-    return call_add_node(a);
-}
-
-CUresult cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *deps,
-                        size_t n, CUgraphNodeParams *p)
-{
-    REAL_OR_RETURN(cuGraphAddNode);
-    struct add_node_args a = {NULL, real, phGraphNode, hGraph, deps, NULL, n, p};
-    return add_node(&a);
-}
-
-CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *deps,
-                           const CUgraphEdgeData *edges, size_t n, CUgraphNodeParams *p)
-{
-    REAL_OR_RETURN(cuGraphAddNode_v2);
-    struct add_node_args a = {real, NULL, phGraphNode, hGraph, deps, edges, n, p};
-    return add_node(&a);
-}
-
-CUresult cuGraphDestroy(CUgraph hGraph)
-{
-    REAL_OR_RETURN(cuGraphDestroy);
-    CUresult rc = real(hGraph);
-    if (rc == CUDA_SUCCESS) {
-        struct vgpu_object o;
-        while (vgpu_track_remove(&vgpu_objects, VGPU_GRAPH, (uint64_t)(uintptr_t)hGraph, &o) == 0)
-            vgpu_release_object(&o, NULL);
-    }
     return rc;
 }

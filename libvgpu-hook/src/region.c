@@ -160,10 +160,53 @@ void vgpu_region_unlock(struct vgpu_region *r)
     pthread_mutex_unlock(&r->lock);
 }
 
+/* Caller holds the lock. Moves bytes on dev from one slot to another (the total stays). */
+static void move_charge(struct vgpu_region *r, int from, int to, int dev, uint64_t bytes)
+{
+    uint64_t *f = &r->slots[from].used[dev];
+    uint64_t b = bytes < *f ? bytes : *f;
+    *f -= b;
+    r->slots[to].used[dev] += b;
+}
+
+/* Caller holds the lock: slot holds no more references to e. */
+static void shared_let_go(struct vgpu_region *r, struct vgpu_shared *e, int slot)
+{
+    e->holds[slot] = 0;
+    if (e->owner != slot)
+        return;
+    for (int i = 0; i < VGPU_REGION_SLOTS; i++) {
+        if (e->holds[i] && r->slots[i].pid) {
+            move_charge(r, slot, i, e->dev, e->bytes);
+            e->owner = i;
+            return;
+        }
+    }
+    /* Nobody else holds it: the memory is gone. */
+    uint64_t *u = &r->slots[slot].used[e->dev];
+    uint64_t b = e->bytes < *u ? e->bytes : *u;
+    *u -= b;
+    r->used[e->dev] -= b < r->used[e->dev] ? b : r->used[e->dev];
+    memset(e, 0, sizeof *e);
+}
+
+/* Caller holds the lock. */
+static struct vgpu_shared *shared_find(struct vgpu_region *r, uint64_t key)
+{
+    for (int i = 0; key && i < VGPU_REGION_SHARED; i++)
+        for (int k = 0; k < VGPU_SHARED_KEYS; k++)
+            if (r->shared[i].keys[k] == key)
+                return &r->shared[i];
+    return NULL;
+}
+
 /* Caller holds the lock. */
 static void free_slot(struct vgpu_region *r, int slot)
 {
     struct vgpu_slot *s = &r->slots[slot];
+    for (int i = 0; i < VGPU_REGION_SHARED; i++)
+        if (r->shared[i].keys[0] && r->shared[i].holds[slot])
+            shared_let_go(r, &r->shared[i], slot);
     for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
         r->used[d] -= s->used[d] < r->used[d] ? s->used[d] : r->used[d];
         s->used[d] = 0;
@@ -311,5 +354,68 @@ void vgpu_region_export_remove(struct vgpu_region *r, uint64_t hash)
     for (int i = 0; i < VGPU_REGION_EXPORTS; i++)
         if (r->exports[i].hash == hash)
             r->exports[i].hash = 0;
+    vgpu_region_unlock(r);
+}
+
+int vgpu_region_share_add(struct vgpu_region *r, int slot, uint64_t key, int dev, uint64_t bytes)
+{
+    if (!key || slot < 0 || slot >= VGPU_REGION_SLOTS || dev < 0 || dev >= VGPU_MAX_DEVICES)
+        return -1;
+    int rc = -1;
+    vgpu_region_lock(r);
+    struct vgpu_shared *e = shared_find(r, key);
+    for (int i = 0; !e && i < VGPU_REGION_SHARED; i++) {
+        if (!r->shared[i].keys[0]) {
+            e = &r->shared[i];
+            memset(e, 0, sizeof *e);
+            e->keys[0] = key, e->bytes = bytes, e->dev = dev, e->owner = slot;
+        }
+    }
+    if (e && e->holds[slot] < UINT16_MAX) {
+        e->holds[slot]++;
+        rc = 0;
+    }
+    vgpu_region_unlock(r);
+    return rc;
+}
+
+int vgpu_region_share_alias(struct vgpu_region *r, uint64_t key, uint64_t alias)
+{
+    int rc = -1;
+    vgpu_region_lock(r);
+    struct vgpu_shared *e = shared_find(r, key);
+    if (e && shared_find(r, alias) == e)
+        rc = 0;
+    for (int k = 0; e && rc && alias && k < VGPU_SHARED_KEYS; k++)
+        if (!e->keys[k])
+            e->keys[k] = alias, rc = 0;
+    vgpu_region_unlock(r);
+    return rc;
+}
+
+int vgpu_region_share_join(struct vgpu_region *r, int slot, uint64_t key, int *dev,
+                           uint64_t *bytes)
+{
+    if (slot < 0 || slot >= VGPU_REGION_SLOTS)
+        return 0;
+    vgpu_region_lock(r);
+    struct vgpu_shared *e = shared_find(r, key);
+    int found = e && e->holds[slot] < UINT16_MAX;
+    if (found) {
+        e->holds[slot]++;
+        *dev = e->dev, *bytes = e->bytes;
+    }
+    vgpu_region_unlock(r);
+    return found;
+}
+
+void vgpu_region_share_leave(struct vgpu_region *r, int slot, uint64_t key)
+{
+    if (slot < 0 || slot >= VGPU_REGION_SLOTS)
+        return;
+    vgpu_region_lock(r);
+    struct vgpu_shared *e = shared_find(r, key);
+    if (e && e->holds[slot] && --e->holds[slot] == 0)
+        shared_let_go(r, e, slot);
     vgpu_region_unlock(r);
 }

@@ -16,6 +16,10 @@
  * - IPC exports of the container's processes are listed, so that importing
  *   memory another process of the same container already counts is not
  *   counted twice.
+ * - Shared VMM allocations (exported with cuMemExportToShareableHandle) are
+ *   listed with every process that holds them: the allocation is charged
+ *   once, to one holder, and the charge moves to another holder when that
+ *   one lets go or dies; it is given back when the last holder lets go.
  *
  * Pure policy over a mapped struct: no CUDA, testable directly. */
 #ifndef VGPU_REGION_H
@@ -30,9 +34,11 @@
 
 #define VGPU_REGION_FILE "hook.region"
 #define VGPU_REGION_MAGIC 0x3147455255504756ull /* "VGPUREG1" */
-#define VGPU_REGION_LAYOUT 1
+#define VGPU_REGION_LAYOUT 2
 #define VGPU_REGION_SLOTS 256
 #define VGPU_REGION_EXPORTS 256
+#define VGPU_REGION_SHARED 64
+#define VGPU_SHARED_KEYS 4
 
 struct vgpu_slot {
     int32_t pid;         /* 0 = free */
@@ -48,6 +54,13 @@ struct vgpu_export {
     int32_t unused;
 };
 
+struct vgpu_shared {
+    uint64_t keys[VGPU_SHARED_KEYS]; /* its shareable handles' keys; keys[0] == 0: free */
+    uint64_t bytes;
+    int32_t dev, owner;              /* owner: the slot charged for it */
+    uint16_t holds[VGPU_REGION_SLOTS]; /* references each process holds */
+};
+
 struct vgpu_region {
     uint64_t magic;
     uint32_t layout, size;
@@ -55,6 +68,7 @@ struct vgpu_region {
     uint64_t used[VGPU_MAX_DEVICES];          /* sum of the slots (under lock) */
     _Atomic uint64_t limiter_tat[VGPU_MAX_DEVICES]; /* limiter.h */
     struct vgpu_export exports[VGPU_REGION_EXPORTS];
+    struct vgpu_shared shared[VGPU_REGION_SHARED];
     struct vgpu_slot slots[VGPU_REGION_SLOTS];
 };
 
@@ -94,6 +108,20 @@ int vgpu_region_reap(struct vgpu_region *r);
 void vgpu_region_export_add(struct vgpu_region *r, int slot, uint64_t hash);
 int vgpu_region_export_known(struct vgpu_region *r, uint64_t hash);
 void vgpu_region_export_remove(struct vgpu_region *r, uint64_t hash);
+
+/* Shared allocations. share_add: slot, which is charged bytes on dev for the
+ * allocation, lists it under key (or, if key is known already, takes one more
+ * reference); 0, or -1 if the table is full (importers then charge it again:
+ * counted twice, never zero times). share_alias: another key for the same
+ * allocation. share_join: if key is listed, slot takes a reference and 1 is
+ * returned (with its dev and bytes), else 0. share_leave: slot drops a
+ * reference; when it held the charge and holds no more, the charge moves to
+ * another holder, or is given back if there is none. */
+int vgpu_region_share_add(struct vgpu_region *r, int slot, uint64_t key, int dev, uint64_t bytes);
+int vgpu_region_share_alias(struct vgpu_region *r, uint64_t key, uint64_t alias);
+int vgpu_region_share_join(struct vgpu_region *r, int slot, uint64_t key, int *dev,
+                           uint64_t *bytes);
+void vgpu_region_share_leave(struct vgpu_region *r, int slot, uint64_t key);
 
 /* Locks the region, recovering it if the last owner died (logged). For tests
  * and for code that reads several figures at once. */

@@ -74,6 +74,52 @@ int vgpu_track_set_export(struct vgpu_track *t, enum vgpu_kind kind, uint64_t ke
     return e ? 0 : -1;
 }
 
+int vgpu_track_update(struct vgpu_track *t, enum vgpu_kind kind, uint64_t key,
+                      int (*change)(struct vgpu_object *o, void *arg), void *arg,
+                      struct vgpu_object *out)
+{
+    pthread_mutex_lock(&t->mu);
+    struct vgpu_track_entry **link = link_of(t, kind, key), *e = *link;
+    int forget = e ? change(&e->o, arg) != 0 : 0;
+    if (e && out)
+        *out = e->o;
+    if (forget)
+        *link = e->next;
+    pthread_mutex_unlock(&t->mu);
+    if (!e)
+        return -1;
+    if (forget)
+        free(e);
+    return forget;
+}
+
+static int collect_from(struct vgpu_track_entry *e, enum vgpu_kind kind, uint64_t key, int any_key,
+                        struct vgpu_object *out, int max, int n)
+{
+    for (; e; e = e->next) {
+        if (e->o.kind != kind || (!any_key && e->o.key != key))
+            continue;
+        if (n < max)
+            out[n] = e->o;
+        n++;
+    }
+    return n;
+}
+
+int vgpu_track_collect(struct vgpu_track *t, enum vgpu_kind kind, uint64_t key, int any_key,
+                       struct vgpu_object *out, int max)
+{
+    int n = 0;
+    pthread_mutex_lock(&t->mu);
+    if (any_key)
+        for (int b = 0; b < VGPU_TRACK_BUCKETS; b++)
+            n = collect_from(t->buckets[b], kind, key, 1, out, max, n);
+    else
+        n = collect_from(*bucket(t, kind, key), kind, key, 0, out, max, 0);
+    pthread_mutex_unlock(&t->mu);
+    return n;
+}
+
 int vgpu_track_drop_context(struct vgpu_track *t, uint64_t ctx,
                             void (*gone)(const struct vgpu_object *o, void *arg), void *arg)
 {

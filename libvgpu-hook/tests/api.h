@@ -45,6 +45,20 @@
     API(cuMemPoolDestroy, "cuMemPoolDestroy", cuMemPoolDestroy)        \
     API(cuMemCreate, "cuMemCreate", cuMemCreate)                       \
     API(cuMemRelease, "cuMemRelease", cuMemRelease)                    \
+    API(cuMemAddressReserve, "cuMemAddressReserve", cuMemAddressReserve) \
+    API(cuMemAddressFree, "cuMemAddressFree", cuMemAddressFree)        \
+    API(cuMemMap, "cuMemMap", cuMemMap)                                \
+    API(cuMemUnmap, "cuMemUnmap", cuMemUnmap)                          \
+    API(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle", cuMemRetainAllocationHandle) \
+    API(cuMemExportToShareableHandle, "cuMemExportToShareableHandle", cuMemExportToShareableHandle) \
+    API(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", cuMemImportFromShareableHandle) \
+    API(cuMemPoolTrimTo, "cuMemPoolTrimTo", cuMemPoolTrimTo)           \
+    API(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", cuMemPoolSetAttribute) \
+    API(cuDeviceGetMemPool, "cuDeviceGetMemPool", cuDeviceGetMemPool)  \
+    API(cuStreamCreate, "cuStreamCreate", cuStreamCreate)              \
+    API(cuStreamDestroy_v2, "cuStreamDestroy", cuStreamDestroy_v2)     \
+    API(cuCtxSetLimit, "cuCtxSetLimit", cuCtxSetLimit)                 \
+    API(cuCtxGetLimit, "cuCtxGetLimit", cuCtxGetLimit)                 \
     API(cuIpcGetMemHandle, "cuIpcGetMemHandle", cuIpcGetMemHandle)     \
     API(cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle", cuIpcOpenMemHandle_v2) \
     API(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", cuIpcCloseMemHandle) \
@@ -54,6 +68,12 @@
     API(cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode", cuGraphAddMemAllocNode) \
     API(cuGraphAddNode, "cuGraphAddNode@12020", cuGraphAddNode)        \
     API(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", cuGraphInstantiateWithFlags) \
+    API(cuGraphInstantiate, "cuGraphInstantiate", cuGraphInstantiateWithFlags) \
+    API(cuGraphInstantiateWithParams, "cuGraphInstantiateWithParams", cuGraphInstantiateWithParams) \
+    API(cuGraphAddMemFreeNode, "cuGraphAddMemFreeNode", cuGraphAddMemFreeNode) \
+    API(cuGraphClone, "cuGraphClone", cuGraphClone)                    \
+    API(cuGraphUpload, "cuGraphUpload", cuGraphUpload)                 \
+    API(cuGraphExecDestroy, "cuGraphExecDestroy", cuGraphExecDestroy)  \
     API(cuGraphLaunch, "cuGraphLaunch", cuGraphLaunch)                 \
     API(cuModuleLoadData, "cuModuleLoadData", cuModuleLoadData)        \
     API(cuModuleGetFunction, "cuModuleGetFunction", cuModuleGetFunction) \

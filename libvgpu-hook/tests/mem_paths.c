@@ -4,6 +4,8 @@
  *   mem_paths <path> [resolve=link] [context=create] [chunk_mib=64] [hold]
  *
  * path:    alloc pitch managed array array3d mipmap async pool vmm graph graph_node
+ *          (graph, graph_node: one executable graph per chunk, with one allocation node,
+ *          instantiated and uploaded; given back by destroying the executable graph)
  * resolve: how the driver functions are found (api.h)
  * context: create (cuCtxCreate), primary (cuDevicePrimaryCtxRetain, as the
  *          CUDA runtime does), destroy (create; at the end destroy the context
@@ -29,9 +31,44 @@
 #define MAX_OBJECTS 100000
 
 static unsigned long long objects[MAX_OBJECTS];
+static CUgraph graphs[MAX_OBJECTS];
 static size_t count;
-static CUgraph graph;
 static CUmemoryPool pool;
+
+/* A graph with one allocation node of `bytes` (added one way or the other), made
+ * executable and uploaded: the driver takes graph memory for the executable graph. */
+static CUresult graph_exec(const char *path, size_t bytes, CUgraph *graph, CUgraphExec *exec)
+{
+    CUgraphNode node;
+    CUresult rc;
+    api_check(api.cuGraphCreate(graph, 0), "cuGraphCreate");
+    if (strcmp(path, "graph") == 0) {
+        CUDA_MEM_ALLOC_NODE_PARAMS a = {0};
+        a.poolProps.allocType = 1;
+        a.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        a.bytesize = bytes;
+        api_check(api.cuGraphAddMemAllocNode(&node, *graph, NULL, 0, &a), "cuGraphAddMemAllocNode");
+        rc = api.cuGraphInstantiateWithFlags(exec, *graph, 0);
+        if (rc == CUDA_SUCCESS && (rc = api.cuGraphUpload(*exec, NULL)) != CUDA_SUCCESS)
+            api.cuGraphExecDestroy(*exec);
+    } else {
+        CUgraphNodeParams params;
+        memset(&params, 0, sizeof params);
+        params.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+        params.alloc.poolProps.allocType = 1;
+        params.alloc.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        params.alloc.bytesize = bytes;
+        api_check(api.cuGraphAddNode(&node, *graph, NULL, 0, &params), "cuGraphAddNode");
+        CUstream stream;
+        api_check(api.cuStreamCreate(&stream, 0), "cuStreamCreate");
+        CUDA_GRAPH_INSTANTIATE_PARAMS ip = {.hUploadStream = stream};
+        rc = api.cuGraphInstantiateWithParams(exec, *graph, &ip);
+        api_check(api.cuStreamDestroy_v2(stream), "cuStreamDestroy_v2");
+    }
+    if (rc != CUDA_SUCCESS)
+        api_check(api.cuGraphDestroy(*graph), "cuGraphDestroy");
+    return rc;
+}
 
 static CUresult alloc_one(const char *path, size_t bytes, unsigned long long *out)
 {
@@ -77,22 +114,9 @@ static CUresult alloc_one(const char *path, size_t bytes, unsigned long long *ou
         rc = api.cuMemCreate(&h, bytes, &prop, 0);
         p = h;
     } else if (strcmp(path, "graph") == 0 || strcmp(path, "graph_node") == 0) {
-        CUgraphNode node;
-        if (strcmp(path, "graph") == 0) {
-            CUDA_MEM_ALLOC_NODE_PARAMS a = {0};
-            a.poolProps.allocType = 1;
-            a.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-            a.bytesize = bytes;
-            rc = api.cuGraphAddMemAllocNode(&node, graph, NULL, 0, &a);
-        } else {
-            CUgraphNodeParams params;
-            memset(&params, 0, sizeof params);
-            params.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC;
-            params.alloc.poolProps.allocType = 1;
-            params.alloc.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-            params.alloc.bytesize = bytes;
-            rc = api.cuGraphAddNode(&node, graph, NULL, 0, &params);
-        }
+        CUgraphExec exec = NULL;
+        rc = graph_exec(path, bytes, &graphs[count], &exec);
+        p = (CUdeviceptr)(uintptr_t)exec;
     } else {
         fprintf(stderr, "unknown path '%s'\n", path);
         exit(2);
@@ -103,15 +127,13 @@ static CUresult alloc_one(const char *path, size_t bytes, unsigned long long *ou
 
 static void give_back(const char *path)
 {
-    if (strcmp(path, "graph") == 0 || strcmp(path, "graph_node") == 0) {
-        api_check(api.cuGraphDestroy(graph), "cuGraphDestroy");
-        count = 0;
-        return;
-    }
     while (count > 0) {
         unsigned long long p = objects[--count];
         CUresult rc;
-        if (strcmp(path, "array") == 0 || strcmp(path, "array3d") == 0)
+        if (strcmp(path, "graph") == 0 || strcmp(path, "graph_node") == 0) {
+            api_check(api.cuGraphDestroy(graphs[count]), "cuGraphDestroy");
+            rc = api.cuGraphExecDestroy((CUgraphExec)(uintptr_t)p);
+        } else if (strcmp(path, "array") == 0 || strcmp(path, "array3d") == 0)
             rc = api.cuArrayDestroy((CUarray)(uintptr_t)p);
         else if (strcmp(path, "mipmap") == 0)
             rc = api.cuMipmappedArrayDestroy((CUmipmappedArray)(uintptr_t)p);
@@ -123,6 +145,9 @@ static void give_back(const char *path)
             rc = api.cuMemFree_v2(p);
         api_check(rc, "giving back");
     }
+    /* A pool gives back what it keeps above its release threshold (0) at a synchronisation. */
+    if (strcmp(path, "async") == 0 || strcmp(path, "pool") == 0)
+        api_check(api.cuCtxSynchronize(), "cuCtxSynchronize");
 }
 
 static CUcontext open_context(const char *mode, CUdevice dev)
@@ -206,8 +231,6 @@ int main(int argc, char **argv)
     CUdevice dev;
     api_check(api.cuDeviceGet(&dev, 0), "cuDeviceGet");
     CUcontext ctx = open_context(ctx_mode, dev);
-    if (strcmp(path, "graph") == 0 || strcmp(path, "graph_node") == 0)
-        api_check(api.cuGraphCreate(&graph, 0), "cuGraphCreate");
     if (strcmp(path, "pool") == 0) {
         CUmemPoolProps props;
         memset(&props, 0, sizeof props);

@@ -122,6 +122,39 @@ static void test_exports(struct vgpu_region *r)
     CHECK(!vgpu_region_export_known(r, 0x55));
 }
 
+/* A shared allocation is charged once, to one holder; the charge moves to another holder when
+ * that one lets go (or dies), and goes when the last one lets go. */
+static void test_shared_allocations(struct vgpu_region *r)
+{
+    int a = vgpu_region_attach(r, getpid()), dev = -1;
+    uint64_t bytes = 0;
+    pid_t child = fork();
+    if (child == 0) {
+        pause(); /* a live second process of the container */
+        _exit(0);
+    }
+    int b = vgpu_region_attach(r, child);
+    CHECK(a >= 0 && b >= 0 && a != b);
+    CHECK(vgpu_region_reserve(r, a, 0, 600, 1000, NULL) == 0);
+    CHECK(vgpu_region_share_add(r, a, 0xabc, 0, 600) == 0);
+    CHECK(vgpu_region_share_alias(r, 0xabc, 0xdef) == 0);
+    CHECK(!vgpu_region_share_join(r, b, 0x777, &dev, &bytes)); /* unknown key */
+    CHECK(vgpu_region_share_join(r, b, 0xdef, &dev, &bytes) && dev == 0 && bytes == 600);
+    CHECK(vgpu_region_used(r, 0) == 600); /* once, not twice */
+    vgpu_region_share_leave(r, a, 0xabc);  /* the holder of the charge lets go... */
+    CHECK(vgpu_region_used(r, 0) == 600);  /* ...b still holds it */
+    CHECK(vgpu_region_slot_used(r, a, 0) == 0 && vgpu_region_slot_used(r, b, 0) == 600);
+    CHECK(vgpu_region_share_join(r, a, 0xabc, &dev, &bytes)); /* a takes it again */
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    CHECK(vgpu_region_reap(r) == 1); /* b died holding the charge: it moves to a */
+    CHECK(vgpu_region_used(r, 0) == 600 && vgpu_region_slot_used(r, a, 0) == 600);
+    vgpu_region_share_leave(r, a, 0xdef); /* the last holder */
+    CHECK(vgpu_region_used(r, 0) == 0);
+    CHECK(!vgpu_region_share_join(r, a, 0xabc, &dev, &bytes)); /* forgotten */
+    vgpu_region_detach(r, a);
+}
+
 static void test_incompatible_file(void)
 {
     char other[160], err[256];
@@ -164,6 +197,7 @@ int main(int argc, char **argv)
         test_shared_budget(r);
         test_robust_lock(again); /* any mapping of the file sees the same lock */
         test_exports(r);
+        test_shared_allocations(r);
         test_incompatible_file();
     }
     unlink(path);

@@ -94,8 +94,37 @@ static void test_threads(void)
     }
 }
 
+static int add_refs(struct vgpu_object *o, void *arg)
+{
+    o->refs += *(int *)arg;
+    return o->refs <= 0;
+}
+
+static void test_update_and_collect(void)
+{
+    struct vgpu_object o, all[4], v = obj(VGPU_VMM, 42, 1, 2048, 0);
+    int up = 1, down = -1;
+    v.refs = 1;
+    CHECK(vgpu_track_add(&t, &v) == 0);
+    CHECK(vgpu_track_update(&t, VGPU_VMM, 42, add_refs, &up, &o) == 0 && o.refs == 2);
+    CHECK(vgpu_track_update(&t, VGPU_VMM, 43, add_refs, &up, &o) == -1); /* none */
+    CHECK(vgpu_track_update(&t, VGPU_VMM, 42, add_refs, &down, &o) == 0 && o.refs == 1);
+    CHECK(vgpu_track_update(&t, VGPU_VMM, 42, add_refs, &down, &o) == 1 && o.refs == 0);
+    CHECK(vgpu_track_find(&t, VGPU_VMM, 42, &o) == -1); /* forgotten */
+    for (uint64_t k = 1; k <= 6; k++) {
+        struct vgpu_object m = obj(VGPU_MAPPING, k << 21, 0, 0, 0);
+        CHECK(vgpu_track_add(&t, &m) == 0);
+    }
+    CHECK(vgpu_track_collect(&t, VGPU_MAPPING, 0, 1, all, 4) == 6); /* counts past max */
+    CHECK(vgpu_track_collect(&t, VGPU_MAPPING, 3 << 21, 0, all, 4) == 1 && all[0].key == 3 << 21);
+    CHECK(vgpu_track_collect(&t, VGPU_POOL, 0, 1, NULL, 0) == 0);
+    for (uint64_t k = 1; k <= 6; k++)
+        CHECK(vgpu_track_remove(&t, VGPU_MAPPING, k << 21, &o) == 0);
+}
+
 int main(void)
 {
+    test_update_and_collect();
     test_add_remove();
     test_duplicates_and_export();
     test_drop_context();

@@ -22,6 +22,16 @@ def test_hook_tests_pass_under_asan_and_ubsan(build: Path) -> None:
     files = ["test_hook.py", "test_paths.py", "test_sharing.py", "test_nvml.py", "test_relay.py"]
     tests = [str(here / f) for f in files]
     tests.append(str(here / "test_limiter.py::test_launch_count_reaches_the_region"))
+    lifetimes = here / "test_memory_lifetime.py"
+    for case in (
+        "vmm_stays_charged_until_released_and_unmapped[link]",
+        "a_pool_is_charged_what_it_keeps_until_trimmed[link]",
+        "async_allocation_is_charged_to_the_streams_device[link]",
+        "graph_memory_is_charged_to_the_executable_graph[flags-link]",
+        "context_limits_are_charged[link]",
+        "a_shared_vmm_allocation_is_counted_once_in_the_container[link]",
+    ):
+        tests.append(f"{lifetimes}::test_{case}")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
         env={**os.environ, "SANITIZE": "1"},
