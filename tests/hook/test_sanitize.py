@@ -15,6 +15,7 @@ from tests.hook.harness import HOOK_DIR, ROOT, SANITIZE, build_hook
 
 
 @pytest.mark.skipif(SANITIZE, reason="this run is already the sanitized one")
+@pytest.mark.timeout(700)  # a build and a run of most hook tests; the run itself stops at 600 s
 def test_hook_tests_pass_under_asan_and_ubsan(build: Path) -> None:
     proc = build_hook(HOOK_DIR / "build" / "sanitize", sanitize=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
