@@ -5,7 +5,9 @@ For a pod that asks for GPU slices (in vgpu's names or any peer syntax) it sets
 HAMi's defaults filled in (``nvidia.com/gpu`` added, Volcano/Aliyun/Tencent/AWS names and KAI
 annotations translated and removed), and gives every container that asks for no GPU
 ``NVIDIA_VISIBLE_DEVICES=void`` so an image's ``=all`` cannot expose every GPU. A pod with a
-malformed GPU request is denied with the reason. Pods asking for no GPU are left alone.
+malformed GPU request (or a quantity that is not one) is denied with the reason, naming the
+field. A pod asking for no GPU only gets ``spec.schedulerName`` (with ``schedule_cpu_pods``,
+the default), so the GPU-aware host score places it too; nothing else of it changes.
 """
 
 from __future__ import annotations
@@ -56,15 +58,18 @@ def _without(resources: Mapping[str, Any], names: set[str]) -> dict[str, Any]:
 
 
 def mutate(
-    pod: Mapping[str, Any], config: RequestConfig, scheduler_name: str
+    pod: Mapping[str, Any], config: RequestConfig, scheduler_name: str, cpu_pods: bool = False
 ) -> list[dict[str, Any]]:
-    """The JSON patch for a pod; [] when it asks for no GPU. RequestError when malformed."""
+    """The JSON patch for a pod; for a pod that asks for no GPU only its scheduler (with
+    `cpu_pods`), else []. RequestError or QuantityError when malformed."""
     requests = {(r.init, r.container): r for r in container_requests(pod, config)}
-    if not requests:
-        return []
-    ours = set(config.names.own()) | set(PEER_RESOURCES)
     spec = pod.get("spec") or {}
     patch: list[dict[str, Any]] = []
+    if not requests:
+        if cpu_pods and spec.get("schedulerName") in (None, "", "default-scheduler"):
+            patch.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler_name})
+        return patch
+    ours = set(config.names.own()) | set(PEER_RESOURCES)
     for key, init in (("initContainers", True), ("containers", False)):
         for index, container in enumerate(spec.get(key) or []):
             path = f"/spec/{key}/{index}"
@@ -89,7 +94,9 @@ def mutate(
     return patch
 
 
-def review(body: bytes, config: RequestConfig, scheduler_name: str) -> dict[str, Any]:
+def review(
+    body: bytes, config: RequestConfig, scheduler_name: str, cpu_pods: bool = False
+) -> dict[str, Any]:
     """An AdmissionReview answer for an AdmissionReview request; BadReview if malformed."""
     try:
         document = json.loads(body)
@@ -107,7 +114,7 @@ def review(body: bytes, config: RequestConfig, scheduler_name: str) -> dict[str,
     kind = (request.get("kind") or {}).get("kind")
     if kind == "Pod" and isinstance(pod, dict):
         try:
-            patch = mutate(pod, config, scheduler_name)
+            patch = mutate(pod, config, scheduler_name, cpu_pods)
         except (RequestError, QuantityError) as exc:
             answer["allowed"] = False
             answer["status"] = {"code": 400, "message": f"invalid GPU request: {exc}"}
@@ -134,7 +141,12 @@ class WebhookServer:
 
     async def _mutate(self, request: web.Request) -> web.Response:
         try:
-            answer = review(await request.read(), self._config, self._settings.scheduler_name)
+            answer = review(
+                await request.read(),
+                self._config,
+                self._settings.scheduler_name,
+                self._settings.schedule_cpu_pods,
+            )
         except BadReview as exc:
             REVIEWS.labels(outcome="bad_request").inc()
             return web.json_response({"error": str(exc)}, status=400)

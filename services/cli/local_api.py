@@ -36,6 +36,7 @@ class LocalApiServer:
             [
                 web.post("/api/v1/namespaces/{namespace}/pods", self._create),
                 web.get("/api/v1/namespaces/{namespace}/pods/{name}", self._get),
+                web.post("/api/v1/namespaces/{namespace}/pods/{name}/binding", self._bind),
             ]
         )
         self._runner, self._port = await serve(app, self._host)
@@ -67,3 +68,22 @@ class LocalApiServer:
         if pod is None:
             return _error(404, f'pods "{name}" not found in namespace {namespace}')
         return web.json_response(pod)
+
+    async def _bind(self, request: web.Request) -> web.Response:
+        """POST pods/<name>/binding, as kube-scheduler's DefaultBinder binds pods that the
+        extender does not (those asking for no GPU)."""
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        try:
+            binding: Any = await request.json()
+        except ValueError as exc:
+            return _error(400, f"request body is not JSON: {exc}")
+        target = binding.get("target") if isinstance(binding, dict) else None
+        node = target.get("name") if isinstance(target, dict) else None
+        if not isinstance(node, str) or not node:
+            return _error(400, "a binding needs target.name (the node)")
+        uid = (binding.get("metadata") or {}).get("uid") or ""
+        try:
+            await self._backend.bind(namespace, name, uid, node)
+        except BackendError as exc:
+            return _error(409, str(exc))
+        return web.json_response({"kind": "Status", "status": "Success", "code": 201}, status=201)

@@ -175,6 +175,21 @@ def allocator(config_file: str | None, **flags: Any) -> None:
     default=None,
     help="A container over its slice (NVML): report it, or also SIGKILL its processes.",
 )
+@click.option(
+    "--cpu-milli",
+    type=int,
+    default=None,
+    help="Allocatable CPU in millicores "
+    "(default: 64000 for simulated nodes, unstated for real ones).",
+)
+@click.option(
+    "--host-memory-mib",
+    type=int,
+    default=None,
+    help="Allocatable memory in MiB (default: 262144 for simulated nodes).",
+)
+@click.option("--max-pods", type=int, default=None, help="Pods the node takes "
+              "(default: 110 for simulated nodes).")  # fmt: skip
 def node_agent(config_file: str | None, **flags: Any) -> None:
     """Run the node agent (device plugin, inventory and usage publisher)."""
     from services.nodeagent.service import NodeAgent

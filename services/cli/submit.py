@@ -18,12 +18,14 @@ import msgspec
 import yaml
 
 from services.cli.state import UpState
+from services.common.resources import MANAGED_RESOURCES
 from services.common.tracing import inject_headers, tracer
 from services.simulators.kubelet_records import AdmitResult
 from services.simulators.scheduler import SchedulerSimulator
 
 _tracer = tracer("vgpu.submit")
 CONTAINER_DIR = "/var/run/vgpu"
+EXTENDER_WEIGHT = 60  # the prioritize entry's weight in deploy/k8s/base/scheduler/config.yaml
 
 
 class ManifestError(ValueError):
@@ -135,7 +137,14 @@ async def submit(
     )
     with _tracer.start_as_current_span(f"vgpu submit {outcome.namespace}/{outcome.name}"):
         await _create(state.api_url, pod)
-        scheduler = SchedulerSimulator(state.extender_url)
+        # As deploy/k8s configures kube-scheduler: GPU pods filtered and bound by the
+        # extender, every pod scored by it, the others bound through the API server.
+        scheduler = SchedulerSimulator(
+            state.extender_url,
+            weight=EXTENDER_WEIGHT,
+            managed_resources=frozenset(MANAGED_RESOURCES),
+            api_url=state.api_url,
+        )
         try:
             result = await scheduler.schedule(pod, sorted(state.kubelets))
         finally:

@@ -48,6 +48,9 @@ PEER_RESOURCES = (
     TENCENT_MEMORY,
     AWS_VGPU,
 )
+# What the filter-and-bind extender entry manages (deploy/k8s/base/scheduler/config.yaml):
+# every name vgpu reads, so kube-scheduler sends every GPU pod to it.
+MANAGED_RESOURCES = (*GPU_RESOURCES, GPU_PRIORITY, *PEER_RESOURCES)
 TENCENT_UNIT_MIB = 256
 ALIYUN_UNIT_MIB = 1024
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from services.common import subjects
 from services.common.bus import Bus
@@ -28,6 +29,16 @@ async def _every(interval_s: float, action: Callable[[], Awaitable[None]], what:
             log.exception(f"{what} failed")
 
 
+@dataclass(frozen=True)
+class HostCapacity:
+    """The node's allocatable CPU (milli), memory (MiB) and pods, as stated in the inventory
+    (0 = not stated: the allocator reads the Node object in a cluster)."""
+
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    pods: int = 0
+
+
 class Publisher:
     def __init__(
         self,
@@ -40,7 +51,9 @@ class Publisher:
         usage_interval_s: float,
         agent_version: str,
         on_sample: SampleSink | None = None,
+        host: HostCapacity | None = None,
     ) -> None:
+        self._host = host or HostCapacity()
         self._bus = bus
         self._node = node_name
         self._backend = backend
@@ -72,6 +85,9 @@ class Publisher:
                 seq=self._seq,
                 driver_version=self._backend.driver_version(),
                 cuda_version=self._backend.cuda_version(),
+                cpu_milli=self._host.cpu_milli,
+                host_memory_mib=self._host.memory_mib,
+                max_pods=self._host.pods,
             )
             await self._bus.publish(subjects.inventory(self._node), inventory)
 

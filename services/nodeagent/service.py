@@ -30,11 +30,11 @@ from services.nodeagent.plugin import OPTIONS, DevicePluginServicer
 from services.nodeagent.podresources import PodResourcesClient
 from services.nodeagent.preferred import PreferenceAdvisor
 from services.nodeagent.process_map import ProcessAttributor, figures_of
-from services.nodeagent.publisher import Publisher
+from services.nodeagent.publisher import HostCapacity, Publisher
 from services.nodeagent.registration import DevicePluginServer
 from services.nodeagent.relay import RelayHub
 from services.nodeagent.resolver import AllocationResolver
-from services.nodeagent.settings import NodeAgentSettings, check_settings
+from services.nodeagent.settings import NodeAgentSettings, check_settings, host_capacity
 from services.nodeagent.verify import Verifier
 
 log = logging.getLogger("vgpu.nodeagent")
@@ -234,6 +234,7 @@ class NodeAgent:
             usage_interval_s=s.usage_interval_s,
             agent_version=agent_version(),
             on_sample=on_sample,
+            host=HostCapacity(*host_capacity(s)),
         )
         await publisher.start()
         stack.push_async_callback(publisher.stop)

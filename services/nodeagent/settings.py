@@ -39,6 +39,12 @@ class NodeAgentSettings(msgspec.Struct, kw_only=True, frozen=True):
     health_checks: bool = True  # watch NVML XID events
     ignored_xids: str = DEFAULT_IGNORED_XIDS  # application XIDs that say nothing about the GPU
     node_labeler: str = "memory"  # none | memory | kubernetes (patch the Node's labels)
+    # The node's allocatable CPU (millicores), memory (MiB) and pod count, published in the
+    # inventory. -1: simulated nodes state SIMULATED_NODE (an openb-like 64 cores, 256 GiB,
+    # 110 pods); real nodes state nothing (0), as the allocator reads their Node objects.
+    cpu_milli: int = -1
+    host_memory_mib: int = -1
+    max_pods: int = -1
     heartbeat_s: float = 5.0
     usage_interval_s: float = 2.0
     resolve_timeout_s: float = 30.0
@@ -60,6 +66,16 @@ class NodeAgentSettings(msgspec.Struct, kw_only=True, frozen=True):
     violation_confirm_s: float = 1.0  # a finding must hold this long (and 2 samples) to count
     otlp_endpoint: str = ""
     log_level: str = "info"
+
+
+SIMULATED_NODE = (64_000, 256 * 1024, 110)  # cpu milli, memory MiB, pods
+
+
+def host_capacity(settings: NodeAgentSettings) -> tuple[int, int, int]:
+    """(cpu milli, memory MiB, pods) the inventory states: the settings, -1 filled in."""
+    given = (settings.cpu_milli, settings.host_memory_mib, settings.max_pods)
+    defaults = SIMULATED_NODE if settings.simulate else (0, 0, 0)
+    return tuple(d if g < 0 else g for g, d in zip(given, defaults, strict=True))  # type: ignore[return-value]
 
 
 def check_settings(settings: NodeAgentSettings) -> None:
@@ -98,6 +114,12 @@ def check_settings(settings: NodeAgentSettings) -> None:
         raise ValueError(
             f"violation_confirm_s must not be negative, got {settings.violation_confirm_s}"
         )
+    for field in ("cpu_milli", "host_memory_mib", "max_pods"):
+        if getattr(settings, field) < -1:
+            raise ValueError(
+                f"{field} must be -1 (the default), 0 (not stated) or more, "
+                f"got {getattr(settings, field)}"
+            )
     parse_xids(settings.ignored_xids)
     parse_overheads(settings.context_overhead)
     for field in (

@@ -4,6 +4,11 @@ nodeCacheCapable=true: filter with ``Pod`` + ``NodeNames`` (``Nodes`` null), pri
 survivors, pick the best total (extender score x weight x 10, ties to the lowest node name),
 then bind. Like kube-scheduler, a non-200 or non-JSON answer fails the call, a filter that
 returns a node it was not given is an error, and a failed prioritize is ignored.
+
+With ``managed_resources`` it follows deploy/k8s's two extender entries: filter and bind only
+for pods that name one of them (kube-scheduler's IsInterested), prioritize for every pod;
+other pods are bound as kube-scheduler's DefaultBinder binds, with a v1.Binding POSTed to
+the API server at ``api_url``.
 """
 
 from __future__ import annotations
@@ -60,13 +65,39 @@ def _string_map(value: Any, what: str) -> dict[str, str]:
     return value
 
 
+def interested(pod: dict[str, Any], managed: frozenset[str]) -> bool:
+    """kube-scheduler's HTTPExtender.IsInterested: some container or init container names a
+    managed resource in its requests or limits (an extender with none takes every pod)."""
+    if not managed:
+        return True
+    spec = pod.get("spec") or {}
+    for key in ("containers", "initContainers"):
+        for container in spec.get(key) or []:
+            resources = (container.get("resources") or {}) if isinstance(container, dict) else {}
+            for part in ("requests", "limits"):
+                if managed & set(resources.get(part) or {}):
+                    return True
+    return False
+
+
 class SchedulerSimulator:
-    def __init__(self, extender_url: str, timeout_s: float = 5.0, weight: int = 1) -> None:
+    def __init__(
+        self,
+        extender_url: str,
+        timeout_s: float = 5.0,
+        weight: int = 1,
+        managed_resources: frozenset[str] = frozenset(),
+        api_url: str = "",
+    ) -> None:
         if weight < 1:
             raise ValueError(f"extender weight must be at least 1, got {weight}")
+        if managed_resources and not api_url:
+            raise ValueError("pods the extender does not bind need api_url to be bound")
         self.extender_url = extender_url.rstrip("/")
         self.timeout_s = timeout_s
         self.weight = weight
+        self.managed = managed_resources
+        self.api_url = api_url.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
 
     async def close(self) -> None:
@@ -109,6 +140,8 @@ class SchedulerSimulator:
         metadata: dict[str, Any],
         node_names: list[str],
     ) -> ScheduleResult:
+        if not interested(pod, self.managed):
+            return await self._schedule_elsewhere(pod, namespace, name, node_names)
         filtered = await self._call("filter", {"Pod": pod, "Nodes": None, "NodeNames": node_names})
         if not isinstance(filtered, dict):
             raise ExtenderCallError("filter: the answer is not an ExtenderFilterResult object")
@@ -150,6 +183,35 @@ class SchedulerSimulator:
             raise ExtenderCallError("bind: the answer is not an ExtenderBindingResult object")
         if bound.get("Error"):
             result.error = f"bind to {best}: {bound['Error']}"
+            return result
+        result.node = best
+        return result
+
+    async def _schedule_elsewhere(
+        self, pod: dict[str, Any], namespace: str, name: str, node_names: list[str]
+    ) -> ScheduleResult:
+        """A pod the filter-and-bind extender does not manage: every node passes (this
+        stand-in has no filter plugins), the extender still scores, DefaultBinder binds."""
+        if not node_names:
+            return ScheduleResult()
+        result = ScheduleResult(scores=await self._scores(pod, node_names))
+        best = min(node_names, key=lambda n: (-result.scores.get(n, 0), n))
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": namespace,
+                         "uid": (pod.get("metadata") or {}).get("uid") or ""},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": best},
+        }  # fmt: skip
+        url = f"{self.api_url}/api/v1/namespaces/{namespace}/pods/{name}/binding"
+        try:
+            async with self._http().post(url, json=binding) as response:
+                if response.status not in (200, 201):
+                    text = (await response.read())[:300].decode(errors="replace")
+                    result.error = f"binding to {best}: HTTP {response.status}: {text}"
+                    return result
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            result.error = f"binding to {best}: cannot reach {url}: {exc}"
             return result
         result.node = best
         return result

@@ -83,3 +83,48 @@ async def test_allocator_still_serves_after_bad_input(allocator: Allocator, http
         msgspec.json.encode({"Pod": GOOD_POD, "Nodes": None, "NodeNames": []}),
     )
     assert status == 200 and answer["NodeNames"] == []
+
+
+def _with_limits(limits: dict[str, object], requests: dict[str, object] | None = None) -> dict:
+    resources: dict[str, object] = {"limits": limits}
+    if requests is not None:
+        resources["requests"] = requests
+    return pod("q", [{"name": "main", "resources": resources}])
+
+
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+@pytest.mark.parametrize(
+    ("limits", "field", "problem"),
+    [
+        ({"nvidia.com/gpumem": "\u0664k"}, "resources.limits[nvidia.com/gpumem]", "not ASCII"),
+        ({"nvidia.com/gpu": "1x"}, "resources.limits[nvidia.com/gpu]", "unknown suffix 'x'"),
+        ({"volcano.sh/vgpu-memory": "1e"}, "resources.limits[volcano.sh/vgpu-memory]",
+         "unknown suffix"),
+        ({"aliyun.com/gpu-mem": ".."}, "resources.limits[aliyun.com/gpu-mem]", "suffix"),
+        ({"tencent.com/vcuda-core": "-30"}, "resources.limits[tencent.com/vcuda-core]",
+         "must not be negative"),
+        ({"cpu": "2 cores"}, "spec.containers[0].resources.limits.cpu", "unknown suffix"),
+        ({"memory": "1GB"}, "spec.containers[0].resources.limits.memory", "unknown suffix 'GB'"),
+    ],
+)  # fmt: skip
+async def test_malformed_quantities_are_a_400_naming_the_field(
+    allocator: Allocator, http, verb: str, limits: dict[str, object], field: str, problem: str
+) -> None:
+    """The API server never stores a quantity that is not one: such a Pod is a bad body."""
+    body = {"Pod": _with_limits(limits), "Nodes": None, "NodeNames": ["n1"]}
+    status, answer = await post(http, f"{allocator.url}/scheduler/{verb}", body)
+    assert status == 400, answer
+    assert answer["Error"].startswith(f"bad {verb} request: Pod ")
+    assert field in answer["Error"] and problem in answer["Error"]
+
+
+@pytest.mark.parametrize("form", ["4k", "4000", "4e3", "4E3", "4000000m", "+4k", "3.9999k"])
+async def test_every_quantity_form_is_read_as_the_api_server_stores_it(
+    allocator: Allocator, http, form: str
+) -> None:
+    body = {"Pod": _with_limits({"nvidia.com/gpumem": form}, {"nvidia.com/gpumem": form}),
+            "Nodes": None, "NodeNames": ["n1"]}  # fmt: skip
+    request = allocator.core.parse(body["Pod"])  # type: ignore[arg-type]
+    assert request.containers[0].memory_mib == 4000
+    status, answer = await post(http, f"{allocator.url}/scheduler/filter", body)
+    assert status == 200 and answer["Error"] == ""

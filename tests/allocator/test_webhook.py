@@ -149,10 +149,79 @@ async def test_patches_names_defaults_scheduler_and_void(webhook) -> None:
     assert "gpu-fraction" not in patched["metadata"]["annotations"]
 
 
-async def test_pod_without_gpu_is_left_alone(webhook) -> None:
+def patched_by(answer: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
+    return json_patch(pod, json.loads(base64.b64decode(answer["response"]["patch"])))
+
+
+async def test_pod_without_gpu_only_gets_the_gpu_aware_scheduler(webhook) -> None:
     plain = {"metadata": {"name": "web"}, "spec": {"containers": [{"name": "nginx"}]}}
     _, answer = await call(webhook, review_of(plain, uid="r-2"))
+    assert answer["response"]["uid"] == "r-2" and answer["response"]["allowed"] is True
+    assert patched_by(answer, plain) == {
+        **plain,
+        "spec": {**plain["spec"], "schedulerName": "vgpu-scheduler"},
+    }
+
+    own = {
+        "metadata": {"name": "web"},
+        "spec": {"schedulerName": "volcano", "containers": [{"name": "nginx"}]},
+    }
+    _, answer = await call(webhook, review_of(own, uid="r-4"))
+    assert answer["response"] == {"uid": "r-4", "allowed": True}  # its own scheduler: kept
+
+
+async def test_pod_without_gpu_is_left_alone_when_cpu_pods_are_not_scheduled(
+    make_allocator: MakeAllocator, tmp_path: Path
+) -> None:
+    cert, key = self_signed(tmp_path)
+    allocator = await make_allocator(webhook_port=0, webhook_host="127.0.0.1",
+                                     tls_cert_file=cert, tls_key_file=key,
+                                     schedule_cpu_pods=False)  # fmt: skip
+    plain = {"metadata": {"name": "web"}, "spec": {"containers": [{"name": "nginx"}]}}
+    _, answer = await call((allocator, ssl.create_default_context(cafile=cert)),
+                           review_of(plain, uid="r-2"))  # fmt: skip
     assert answer["response"] == {"uid": "r-2", "allowed": True}
+
+
+@pytest.mark.parametrize(
+    ("given", "written"),
+    [("4k", "4000"), ("1Ki", "1024"), ("1e3", "1000"), ("1E3", "1000"), ("4000m", "4"),
+     ("+8", "8"), ("0.5", "1"), ("2.5k", "2500")],
+)  # fmt: skip
+async def test_quantities_in_any_form_are_written_as_whole_numbers(
+    webhook, given: str, written: str
+) -> None:
+    """The webhook sees pods before validation; it writes Quantity.Value() (rounded up)."""
+    quantity_pod = {
+        "metadata": {"name": "q"},
+        "spec": {"containers": [{"name": "m", "resources": {
+            "limits": {"nvidia.com/gpumem": given},
+            "requests": {"nvidia.com/gpumem": given}}}]},
+    }  # fmt: skip
+    _, answer = await call(webhook, review_of(quantity_pod))
+    (patched,) = patched_by(answer, quantity_pod)["spec"]["containers"]
+    assert patched["resources"]["limits"] == {"nvidia.com/gpu": "1", "nvidia.com/gpumem": written}
+
+
+@pytest.mark.parametrize(
+    ("given", "problem"),
+    [("٤", "not ASCII"), ("4x", "unknown suffix 'x'"), ("", "empty"), ("1.2.3", "unknown suffix"),
+     ("-4", "must not be negative")],
+)  # fmt: skip
+async def test_malformed_quantities_are_denied_naming_the_field(
+    webhook, given: str, problem: str
+) -> None:
+    bad = {
+        "metadata": {"name": "b"},
+        "spec": {"containers": [{"name": "m", "resources": {
+            "limits": {"nvidia.com/gpumem": given}}}]},
+    }  # fmt: skip
+    _, answer = await call(webhook, review_of(bad, uid="r-5"))
+    response = answer["response"]
+    assert response["allowed"] is False and response["status"]["code"] == 400
+    message = response["status"]["message"]
+    assert "spec.containers 'm' resources.limits[nvidia.com/gpumem]" in message
+    assert problem in message
 
 
 async def test_malformed_gpu_request_is_denied_with_the_reason(webhook) -> None:

@@ -304,13 +304,13 @@ def test_webhook_and_extender_reach_the_allocator(overlay: str) -> None:
     config = yaml.safe_load(
         find_generated(docs, "ConfigMap", "vgpu-scheduler-config-")["data"]["config.yaml"]
     )
-    (extender,) = config["extenders"]
-    url = urlsplit(extender["urlPrefix"])
-    assert url.scheme == "http" and url.path == "/scheduler"
-    assert url.hostname == f"vgpu-allocator.{NAMESPACE}.svc"
-    assert _container_port(allocator, _service_port(service, url.port or 80)) == int(
-        env["VGPU_HTTP_PORT"]
-    )
+    for extender in config["extenders"]:  # GPU pods (filter, bind); every pod (prioritize)
+        url = urlsplit(extender["urlPrefix"])
+        assert url.scheme == "http" and url.path == "/scheduler"
+        assert url.hostname == f"vgpu-allocator.{NAMESPACE}.svc"
+        assert _container_port(allocator, _service_port(service, url.port or 80)) == int(
+            env["VGPU_HTTP_PORT"]
+        )
 
 
 @overlays

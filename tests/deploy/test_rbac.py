@@ -18,6 +18,7 @@ EXPECTED: dict[str, set[Permission]] = {
     # Binds pods (it is the binding extender), annotates them with its decision, lists and
     # watches them to rebuild state and release slices, records scheduling failures.
     "vgpu-allocator": _grants("cluster", "", "pods", "get list watch patch")
+    | _grants("cluster", "", "nodes", "get list watch")
     | _grants("cluster", "", "pods/binding", "create")
     | _grants("cluster", "", "events", "create"),
     # Labels its node; which pod holds which device it learns from the kubelet, not the API.

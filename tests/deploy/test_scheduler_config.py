@@ -25,25 +25,59 @@ def test_configuration_parses_as_v1(overlay: str) -> None:
     validate(_config(overlay))
 
 
-def test_the_extender_filters_scores_and_binds_with_node_names_only() -> None:
+def _extenders() -> tuple[dict[str, Any], dict[str, Any]]:
+    gpu_pods, every_pod = _config()["extenders"]
+    return gpu_pods, every_pod
+
+
+def test_gpu_pods_are_filtered_and_bound_by_the_extender_with_node_names_only() -> None:
     config = _config()
     assert [p["schedulerName"] for p in config["profiles"]] == ["vgpu-scheduler"]
-    (extender,) = config["extenders"]
-    assert extender["filterVerb"] == "filter"
-    assert extender["prioritizeVerb"] == "prioritize"
-    assert extender["bindVerb"] == "bind"
-    assert extender["nodeCacheCapable"] is True
-    assert extender["enableHTTPS"] is False
-    assert extender["ignorable"] is False
-    assert extender["weight"] >= 1
-    assert extender["httpTimeout"] == "5s"
+    gpu_pods, _ = _extenders()
+    assert gpu_pods["filterVerb"] == "filter"
+    assert gpu_pods["bindVerb"] == "bind"
+    assert "prioritizeVerb" not in gpu_pods  # the every-pod entry scores GPU pods too
+    assert gpu_pods["nodeCacheCapable"] is True
+    assert gpu_pods["enableHTTPS"] is False
+    assert gpu_pods["ignorable"] is False
+    assert gpu_pods["httpTimeout"] == "5s"
+
+
+def test_every_pod_is_scored_by_the_extender() -> None:
+    """kube-scheduler calls an extender for a pod when it has no managedResources
+    (IsInterested), so the second entry prioritizes pods without GPUs too; only it scores,
+    so no pod is scored twice, and it is ignorable (a score is advice)."""
+    gpu_pods, every_pod = _extenders()
+    assert every_pod["urlPrefix"] == gpu_pods["urlPrefix"]
+    assert every_pod["prioritizeVerb"] == "prioritize"
+    assert "managedResources" not in every_pod
+    assert not {"filterVerb", "bindVerb", "preemptVerb"} & set(every_pod)
+    assert every_pod["nodeCacheCapable"] is True
+    assert every_pod["ignorable"] is True
+
+
+# The default profile's score plugins (kube-scheduler-scoring.md, section 1) that can rank
+# nodes apart for a pod that states no preference: NodeResourcesFit, BalancedAllocation and
+# ImageLocality (weight 1 each), and PodTopologySpread's system-default constraints (weight
+# 2) for pods of a Service or controller. Each normalized score is 0-100.
+SPREAD_WITHOUT_PREFERENCES = 100 * (1 + 1 + 1 + 2)
+
+
+def test_one_step_of_the_extender_score_outweighs_the_default_plugins() -> None:
+    """total = sum(weight_p x score_p) + 10 x weight_e x score_e: one step of the extender's
+    0-10 score must be worth more than all those plugins can move a total, so vgpu's host
+    score decides among the nodes that fit."""
+    config = _config()
+    _, every_pod = _extenders()
+    assert "plugins" not in config["profiles"][0]  # default plugins, default weights
+    assert 10 * every_pod["weight"] > SPREAD_WITHOUT_PREFERENCES
 
 
 def test_managed_resources_are_every_name_vgpu_reads() -> None:
     """kube-scheduler checks the device count itself and leaves every parameter resource
     (which no node advertises) to the extender; a pod naming any of them goes to it."""
-    (extender,) = _config()["extenders"]
-    managed = {r["name"]: r["ignoredByScheduler"] for r in extender["managedResources"]}
+    gpu_pods, _ = _extenders()
+    managed = {r["name"]: r["ignoredByScheduler"] for r in gpu_pods["managedResources"]}
     parameters = (resources.GPU_MEMORY, resources.GPU_MEMORY_PERCENT, resources.GPU_CORES,
                   resources.GPU_PRIORITY, *resources.PEER_RESOURCES)  # fmt: skip
     assert managed == {resources.GPU: False} | dict.fromkeys(parameters, True)
@@ -78,6 +112,7 @@ def _part(config: dict[str, Any], part: str) -> dict[str, Any]:
     return {
         "config": config,
         "extender": config["extenders"][0],
+        "scorer": config["extenders"][1],
         "resource": config["extenders"][0]["managedResources"][0],
         "election": config["leaderElection"],
     }[part]
@@ -91,7 +126,7 @@ def _part(config: dict[str, Any], part: str) -> dict[str, Any]:
         ("extender", "httpTimeout", 5, "expected a duration"),
         ("extender", "httpTimeout", "5 seconds", "expected a duration"),
         ("resource", "ignoredByscheduler", True, "ignoredByscheduler: unknown field"),
-        ("extender", "weight", 0, "weight must be positive"),
+        ("scorer", "weight", 0, "weight must be positive"),
         ("config", "apiVersion", "kubescheduler.config.k8s.io/v1beta3", "apiVersion must be"),
         ("election", "leaseDuration", "15", "expected a duration"),
     ],

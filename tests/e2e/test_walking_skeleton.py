@@ -7,12 +7,15 @@ and the kubelet/kube-scheduler, which are vgpu's own simulators.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.cli.local_cluster import LocalCluster, LocalClusterSpec
@@ -132,3 +135,45 @@ async def test_bound_slices_reach_the_metrics_service(cluster: LocalCluster) -> 
             break
         await asyncio.sleep(0.05)
     assert await allocated_bytes(metrics_url, gpu) == 20480 * 1024 * 1024
+
+
+def _pod(name: str, cpu: str, **gpu: Any) -> dict[str, Any]:
+    limits: dict[str, Any] = {"cpu": cpu, "memory": "1Gi", **gpu}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "uid": str(uuid.uuid4())},
+        "spec": {"containers": [{"name": "main", "image": "x", "resources": {"limits": limits}}]},
+    }
+
+
+def _extender_calls(verb: str) -> float:
+    return sum(
+        REGISTRY.get_sample_value(
+            "vgpu_allocator_extender_requests_total", {"verb": verb, "outcome": outcome}
+        )
+        or 0.0
+        for outcome in ("fit", "no_fit", "ok", "bound", "refused")
+    )
+
+
+async def test_pods_without_gpus_are_scored_by_the_extender_and_counted(
+    cluster: LocalCluster,
+) -> None:
+    """As deploy/k8s configures kube-scheduler: a CPU-only pod is not filtered or bound by the
+    extender, but scored by it, so it goes where its CPU strands no GPU (node-2, whose GPUs a
+    whole-node pod holds) rather than onto node-1's free GPUs' CPU (where equal scores, or
+    LeastAllocated, would put it); the allocator then counts its CPU on that node."""
+    assert cluster.allocator is not None
+    small = await submit(_pod("small", "1", **{"nvidia.com/gpumem": "4Ki"}), cluster.state())
+    whole = await submit(_pod("whole", "2", **{"nvidia.com/gpu": "4"}), cluster.state())
+    assert (small.node, whole.node) == ("node-1", "node-2")
+    filters, binds, scores = (_extender_calls(v) for v in ("filter", "bind", "prioritize"))
+    web = await submit(_pod("web", "40"), cluster.state())
+    assert web.node == "node-2" and web.reason == ""
+    assert [c.gpus for c in web.containers] == [[]]
+    assert (_extender_calls("filter"), _extender_calls("bind")) == (filters, binds)
+    assert _extender_calls("prioritize") == scores + 1
+    node = cluster.allocator.cluster.node("node-2")
+    assert node is not None and (node.cpu_milli, node.max_pods) == (64000, 110)
+    assert (node.used_cpu_milli, node.used_pods) == (42000, 2)
