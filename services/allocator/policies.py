@@ -235,8 +235,9 @@ class HostPack(Binpack):
     those pods need whole nodes. A scarce GPU model (pods accepting only it ask at least
     `scarce_ratio` of its share of the cluster's GPUs) is kept for them: while its free GPUs
     are fewer than `model_weight` x their demand share x the free GPUs, pods that accept
-    any model lose `model_penalty` there. Without CPU capacity hints (a real node agent
-    sends none) and without model-restricted pods this is binpack exactly. Measured on the
+    any model lose `model_penalty` there. Without a known CPU capacity (the Node's allocatable
+    or the agent's hint) and without model-restricted pods this is binpack exactly. Pods
+    without GPUs are scored by `cpu_pod_score`: where their CPU strands the fewest GPUs. Measured on the
     openb trace with `vgpu simulate`: docs/simulate.md.
     """
 
