@@ -237,8 +237,8 @@ class HostPack(Binpack):
     are fewer than `model_weight` x their demand share x the free GPUs, pods that accept
     any model lose `model_penalty` there. Without a known CPU capacity (the Node's allocatable
     or the agent's hint) and without model-restricted pods this is binpack exactly. Pods
-    without GPUs are scored by `cpu_pod_score`: where their CPU strands the fewest GPUs. Measured on the
-    openb trace with `vgpu simulate`: docs/simulate.md.
+    without GPUs are scored by `cpu_pod_score`: where their CPU strands the fewest GPUs.
+    Measured on the openb trace with `vgpu simulate`: docs/simulate.md.
     """
 
     name = "hostpack"
