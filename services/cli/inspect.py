@@ -86,7 +86,8 @@ def _state(node: NodeView) -> str:
 
 
 def _pods_on(gpu: GpuView) -> str:
-    names = list(dict.fromkeys(f"{s.namespace}/{s.pod}" for s in gpu.slices))
+    names = list(dict.fromkeys(f"{s.namespace}/{s.pod}{' (!)' if s.violation else ''}"
+                               for s in gpu.slices))  # fmt: skip
     return ",".join(names) if names else "-"
 
 
@@ -96,10 +97,30 @@ def _slice_lines(gpu: GpuView) -> list[list[str]]:
         used = _known(piece.memory_used_mib)
         sm = _known(piece.sm_util_percent, "%")
         cores = f"{piece.cores}%" if piece.cores else "none"
+        flag = f"VIOLATION: {piece.violation}" if piece.violation else ""
         rows.append(["", "", "", f"  {piece.namespace}/{piece.pod}/{piece.container}",
                      f"{piece.memory_mib} asked, {piece.memory_limit_mib} limit",
-                     f"{cores} asked", used, sm, ""])  # fmt: skip
+                     f"{cores} asked", used, sm, flag])  # fmt: skip
     return rows
+
+
+def render_violations(view: ClusterView) -> list[str]:
+    """Every slice the node agents flag (always shown: a broken slice is never a detail)."""
+    rows = []
+    for node in view.nodes:
+        for gpu in node.gpus:
+            for piece in gpu.slices:
+                if piece.violation:
+                    rows.append([
+                        f"{piece.namespace}/{piece.pod}/{piece.container}", node.name,
+                        str(gpu.index), piece.violation, _known(piece.measured_mib),
+                        str(piece.memory_limit_mib) if piece.memory_limit_mib else "none",
+                        _known(piece.memory_used_mib),
+                    ])  # fmt: skip
+    if not rows:
+        return []
+    headers = ["CONTAINER", "NODE", "GPU", "VIOLATION", "NVML MiB", "SLICE MiB", "HOOK MiB"]
+    return ["", f"Slice violations ({len(rows)}):", *_table(headers, rows)]
 
 
 def render_nodes(view: ClusterView, details: bool) -> list[str]:
@@ -172,6 +193,7 @@ def render_pending(view: ClusterView, details: bool) -> list[str]:
 
 def render(view: ClusterView, details: bool = False) -> str:
     lines = render_nodes(view, details)
+    lines += render_violations(view)
     lines += ["-" * 72, *render_totals(view), "", *render_pending(view, details)]
     return "\n".join(lines)
 

@@ -35,6 +35,11 @@ class SliceView(msgspec.Struct, kw_only=True):
     cores_limit: int  # likewise; 0 = no compute limit
     memory_used_mib: int | None  # null: no fresh report from the container's hook
     sm_util_percent: float | None
+    # The node agent's own measurement (NVML, the container's processes); null: none.
+    measured_mib: int | None = None
+    # Standing findings of the agent's verification: "over_limit", "tampering", both
+    # comma-separated, or "" (docs/nodeagent.md, "Verification from outside").
+    violation: str = ""
 
 
 class GpuView(msgspec.Struct, kw_only=True):
@@ -68,6 +73,8 @@ class ContainerDeviceView(msgspec.Struct, kw_only=True):
     cores_limit: int
     memory_used_mib: int | None
     sm_util_percent: float | None
+    measured_mib: int | None = None  # NVML, as the node agent measured it
+    violation: str = ""  # as in SliceView
 
 
 class ContainerView(msgspec.Struct, kw_only=True):
@@ -181,6 +188,8 @@ class _Builder:
                             cores_limit=device.cores_limit if device else piece.cores,
                             memory_used_mib=device.memory_used_mib if device else None,
                             sm_util_percent=device.sm_util_percent if device else None,
+                            measured_mib=device.measured_mib if device else None,
+                            violation=device.violation if device else "",
                         )
                     )  # fmt: skip
         self.stranded = self._stranded()
@@ -198,6 +207,8 @@ class _Builder:
                 memory_limit_mib=d.memory_limit_mib, cores_limit=d.cores_limit,
                 memory_used_mib=d.memory_used_mib,
                 sm_util_percent=d.sm_util_percent if d.sm_util_percent >= 0 else None,
+                measured_mib=d.measured_mib if d.measured_mib >= 0 else None,
+                violation=d.violation,
             )
             for d in usage.devices
         }  # fmt: skip
@@ -269,6 +280,8 @@ class _Builder:
                     cores_limit=seen.cores_limit if seen else piece.cores,
                     memory_used_mib=seen.memory_used_mib if seen else None,
                     sm_util_percent=seen.sm_util_percent if seen else None,
+                    measured_mib=seen.measured_mib if seen else None,
+                    violation=seen.violation if seen else "",
                 ))  # fmt: skip
             containers.append(ContainerView(
                 name=container.container, init=container.init, claimed=container.claimed,

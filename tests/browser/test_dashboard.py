@@ -20,13 +20,17 @@ from services.common import subjects
 from services.common.bus import Bus
 from services.common.embedded_nats import EmbeddedNats
 from services.common.schemas import (
+    AllocationEvent,
+    ContainerAllocation,
     ContainerDeviceUsage,
     ContainerRequest,
     ContainerUsage,
     GpuDevice,
+    GpuSlice,
     NodeInventory,
     PendingPod,
     PendingReason,
+    PodAllocation,
 )
 from services.metrics.service import MetricsService
 from services.metrics.settings import MetricsSettings
@@ -127,5 +131,42 @@ async def test_a_silent_node_is_drawn_as_silent_not_idle(
         await card.wait_for(timeout=10_000)
         assert "figures unknown" in await card.inner_text()
         assert "used unknown" in await card.inner_text()
+    finally:
+        await service.stop()
+
+
+async def test_a_slice_the_node_agent_flags_is_marked(
+    nats_server: EmbeddedNats, bus: Bus, page: Any
+) -> None:
+    """The node agent's verification flags a container in its usage: its slice is outlined
+    and its pod view shows a badge and NVML's figure."""
+    service = MetricsService(MetricsSettings(nats_url=nats_server.url, http_port=0,
+                                             stream_interval_s=0.1))  # fmt: skip
+    await service.start()
+    try:
+        gpu = GpuDevice(uuid="GPU-v", index=0, model="A100-40GB", memory_mib=40960)
+        await announce(bus, service, NodeInventory(node="node-v", gpus=[gpu]))
+        allocation = PodAllocation(
+            namespace="ml", name="train", uid="uid-train", node="node-v",
+            containers={"main": ContainerAllocation(container="main", claimed=True, slices=[
+                GpuSlice(uuid="GPU-v", index=0, memory_mib=1024, cores=50)])},
+        )  # fmt: skip
+        await bus.publish(subjects.alloc_events("node-v"),
+                          AllocationEvent(kind="bound", allocation=allocation))  # fmt: skip
+        await bus.publish(subjects.container_usage("node-v"), ContainerUsage(
+            node="node-v", namespace="ml", pod="train", container="main",
+            devices=[ContainerDeviceUsage(uuid="GPU-v", index=0, memory_used_mib=1000,
+                                          memory_limit_mib=1024, cores_limit=50,
+                                          measured_mib=41960, violation="over_limit")],
+        ))  # fmt: skip
+        await page.goto(service.url)
+        flagged = page.locator('.bar.memory .slice.violation[data-pod="ml/train"]')
+        await flagged.wait_for()
+        assert "VIOLATION (over_limit)" in (await flagged.get_attribute("title") or "")
+        await flagged.click()
+        badge = page.locator("#pod .badge.violation")
+        await badge.wait_for()
+        assert await badge.inner_text() == "over_limit"
+        assert await page.locator("#pod td.violation").inner_text() == "41.0 GiB"
     finally:
         await service.stop()

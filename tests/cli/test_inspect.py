@@ -167,3 +167,34 @@ def test_kubectl_plugin_and_vgpu_both_offer_inspect() -> None:
         done = subprocess.run([str(plugin), "inspect"], capture_output=True, text=True,
                               env=env, timeout=60)  # fmt: skip
         assert done.returncode == 1 and "cannot reach the metrics service" in done.stderr
+
+
+async def test_a_slice_the_node_agent_flags_is_shown(known: MetricsService, bus: Bus) -> None:
+    """The agent's verification flags the container in its usage (over its slice by NVML,
+    and its hook's figure disagrees): the table and the JSON say so without -d."""
+    await bus.publish(subjects.container_usage("node-1"), ContainerUsage(
+        node="node-1", namespace="default", pod="half-gpu", container="cuda",
+        devices=[ContainerDeviceUsage(uuid="GPU-0", index=0, memory_used_mib=12288,
+                                      memory_limit_mib=20480, cores_limit=50,
+                                      sm_util_percent=41.0, measured_mib=30000,
+                                      violation="over_limit,tampering")]))  # fmt: skip
+    picture = known.picture
+    await wait_for(lambda: any(s.usage.devices[0].violation for s in picture.containers.values()))
+    result = await run("--metrics-url", known.url)
+    assert result.exit_code == 0, result.output
+    assert "default/half-gpu (!),team/notebook" in result.output
+    lines = result.output.splitlines()
+    at = lines.index("Slice violations (1):")
+    assert lines[at + 1].split() == [
+        "CONTAINER", "NODE", "GPU", "VIOLATION", "NVML", "MiB", "SLICE", "MiB", "HOOK", "MiB"
+    ]  # fmt: skip
+    assert lines[at + 2].split() == [
+        "default/half-gpu/cuda", "node-1", "0", "over_limit,tampering", "30000", "20480", "12288"
+    ]  # fmt: skip
+    detailed = await run("--metrics-url", known.url, "-d")
+    assert "VIOLATION: over_limit,tampering" in detailed.output
+    body = json.loads((await run("--metrics-url", known.url, "-o", "json")).output)
+    piece = body["nodes"][0]["gpus"][0]["slices"][0]
+    assert (piece["violation"], piece["measured_mib"]) == ("over_limit,tampering", 30000)
+    device = body["pods"][0]["containers"][0]["devices"][0]
+    assert (device["violation"], device["measured_mib"]) == ("over_limit,tampering", 30000)

@@ -104,7 +104,9 @@ function sliceTitle(slice, gpu) {
     "compute asked " + (slice.cores ? slice.cores + "%" : "none (best effort)") +
       ", used " + (slice.sm_util_percent === null ? "not reported" : pct(slice.sm_util_percent)),
     "GPU " + gpu.index + " " + gpu.uuid,
-  ].join("\n");
+    slice.violation ? "VIOLATION (" + slice.violation + "): the node agent measures " +
+      (slice.measured_mib === null || slice.measured_mib === undefined ? "?" : mib(slice.measured_mib)) : "",
+  ].filter(Boolean).join("\n");
 }
 
 function sliceElement(slice, gpu, left, width, usedWidth, selected) {
@@ -113,7 +115,7 @@ function sliceElement(slice, gpu, left, width, usedWidth, selected) {
   return el(
     "div",
     {
-      class: "slice" + (selected === key ? " selected" : ""),
+      class: "slice" + (selected === key ? " selected" : "") + (slice.violation ? " violation" : ""),
       "data-pod": key,
       "data-container": slice.container,
       style: `left:${left}%;width:${width}%;background:hsl(${color} 55% 78%)`,
@@ -121,7 +123,7 @@ function sliceElement(slice, gpu, left, width, usedWidth, selected) {
       onclick: () => showPod(slice.namespace, slice.pod),
     },
     el("span", { class: "used", style: `width:${usedWidth}%;background:hsl(${color} 50% 45%)` }),
-    el("span", { class: "label" }, slice.pod),
+    el("span", { class: "label" }, (slice.violation ? "⚠ " : "") + slice.pod),
   );
 }
 
@@ -281,18 +283,24 @@ function renderPodView(selected) {
       " · bound " + new Date(pod.bound_at * 1000).toLocaleTimeString() + " · uid " + pod.uid),
     ...pod.containers.flatMap((c) => [
       el("h3", {}, (c.init ? "init container " : "container ") + c.name + " ",
+        ...c.devices.filter((d) => d.violation).map((d) =>
+          el("span", { class: "badge violation", title: "GPU " + d.index + ": NVML measures " +
+            (d.measured_mib === null || d.measured_mib === undefined ? "?" : mib(d.measured_mib)) },
+            d.violation.replace(",", " + "))),
         el("span", { class: "meta" }, c.reporting
           ? "· " + c.processes + " process(es) · throttled " + (c.throttled_ms / 1000).toFixed(1) + " s"
           : c.claimed ? "· no report from its hook yet" : "· not started on the node yet")),
       el("table", {},
         el("thead", {}, el("tr", {}, el("th", {}, "GPU"), el("th", { class: "num" }, "mem asked"),
           el("th", { class: "num" }, "limit"), el("th", { class: "num" }, "used"),
+          el("th", { class: "num" }, "measured"),
           el("th", { class: "num" }, "compute asked"), el("th", { class: "num" }, "used"))),
         el("tbody", {}, c.devices.map((d) => el("tr", {},
           el("td", { title: d.uuid }, d.index + " · " + d.uuid.slice(0, 12) + "…"),
           el("td", { class: "num" }, mib(d.memory_mib)),
           el("td", { class: "num" }, mib(d.memory_limit_mib)),
           el("td", { class: "num" }, value(d.memory_used_mib, mib)),
+          el("td", { class: d.violation ? "num violation" : "num" }, value(d.measured_mib, mib)),
           el("td", { class: "num" }, d.cores ? d.cores + "%" : "none"),
           el("td", { class: "num" }, value(d.sm_util_percent, pct)))))),
     ]),
