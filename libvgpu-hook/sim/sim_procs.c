@@ -151,8 +151,8 @@ int sim_procs_list(struct sim_procs *p, struct sim_proc_info *out, int max)
         struct flock fl;
         struct sim_proc_slot *s = &p->table->slot[i];
         unsigned pid;
-        if (lock_slot(p->fd, i, F_GETLK, &fl) != 0)
-            continue;
+        if (s->pid == 0 || lock_slot(p->fd, i, F_GETLK, &fl) != 0)
+            continue; /* never taken, or cannot tell */
         if (fl.l_type != F_UNLCK) {
             if (fl.l_pid <= 0)
                 continue; /* outside the caller's PID namespace: it cannot name it */

@@ -11,10 +11,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from services.nodeagent.gpus import SimulatedGpuBackend
 from services.nodeagent.gpus.simulated import simulated_uuid
-from tests.hook.harness import SIM_DIR, hook_env, limits_text, summary, tool, write_limits
+from tests.hook.harness import (
+    SANITIZE,
+    SIM_DIR,
+    hook_env,
+    limits_text,
+    summary,
+    tool,
+    write_limits,
+)
 from tests.hook.test_sharing import holding
+
+# Python loads the simulated NVML here; a sanitized build needs its runtime loaded first.
+pytestmark = pytest.mark.skipif(SANITIZE, reason="loads the simulated libraries into Python")
 
 SMALL_GPU = {"VGPU_SIM_GPUS": "1x4096"}
 
