@@ -19,6 +19,7 @@ from services.nodeagent.limits_file import ContainerLimits, DeviceLimit
 from services.nodeagent.relay import HookClaims
 from services.nodeagent.relay_protocol import Hello, HelloDevice
 from services.nodeagent.verify import Verifier
+from tests.nodeagent.harness import wait_until
 
 GPU = "GPU-0"
 KEY = "0123456789abcdef"
@@ -99,7 +100,7 @@ async def test_a_finding_needs_confirmation_then_is_reported_once(bus: Bus) -> N
     assert verifier.flags(KEY) == {GPU: "over_limit"}
     await verifier.check([container()], ok, no_hooks)
     assert verifier.flags(KEY) == {}
-    await bus.client.flush()
+    await wait_until(lambda: received, 10, "the event over NATS")
     assert [v.kind for v in received] == ["over_limit"]
 
 
