@@ -9,6 +9,7 @@ CAP_SYS_ADMIN and the other dangerous capabilities). Its exit status is vgpu run
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pwd
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from services.cli.container.cgroup import pod_cgroup
 from services.cli.container.spec import DEFAULT_PATH, BindMount, ContainerSpec, DeviceNode
 from services.cli.container.supervise import (
     EXIT_RUNTIME_FAILED,
@@ -67,9 +69,13 @@ def container_spec(
         env["TERM"] = os.environ["TERM"]
     # Allocate envs first, the pod spec's after (later wins, as the kubelet passes them).
     env.update({**container.envs, **runtime_env, **resolved.env})
+    # One runtime container ID per pod container, as a runtime would have made it once.
+    identity = f"{resolved.namespace}/{resolved.pod}/{resolved.uid}/{container.name}"
+    container_id = hashlib.sha256(identity.encode()).hexdigest()
     return ContainerSpec(
         argv=argv, hostname=resolved.pod, env=env, cwd=cwd, uid=uid, gid=gid,
         mounts=[*mounts, *runtime_mounts], devices=devices,
+        cgroup=pod_cgroup(resolved.uid, container_id),
     )  # fmt: skip
 
 

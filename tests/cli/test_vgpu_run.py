@@ -8,13 +8,18 @@ import os
 import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from services.cli.container import cgroup
 from services.cli.container.rootfs import resolve_in_root
+from services.cli.run_gpu import DRIVER_DIR
 from services.cli.run_target import TargetError, parse_target
+from services.nodeagent.cgroups import parse_cgroup_file
 
 ROOT = Path(__file__).resolve().parents[2]
 VGPU = [sys.executable, "-m", "services.cli.main"]
@@ -144,6 +149,19 @@ def test_the_command_runs_in_a_container_of_its_own(up: Up) -> None:
     assert env["MY_POD"] == "small-slice"
 
 
+def test_the_command_runs_in_its_pods_cgroup(up: Up) -> None:
+    """Named as the kubelet names it, so the agent attributes processes that skip the hook."""
+    result = up.sh("cat /proc/self/cgroup")
+    assert result.returncode == 0, result.stderr
+    identity = parse_cgroup_file(result.stdout)
+    assert identity is not None, result.stdout
+    assert identity.pod_uid == up.pod["uid"]
+    assert len(identity.container_id) == 64
+    hierarchy = cgroup.hierarchy()
+    if hierarchy is not None:  # removed once its processes are gone
+        assert not list(Path(hierarchy).glob(f"kubepods/besteffort/pod{up.pod['uid']}"))
+
+
 def test_every_allocate_mount_is_bound_with_its_read_only_flag(up: Up) -> None:
     result = up.sh("cat /proc/self/mountinfo")
     assert result.returncode == 0, result.stderr
@@ -188,6 +206,53 @@ def test_root_without_cap_sys_admin_cannot_remount_or_unmount(up: Up) -> None:
     # After all that, the hook still holds the slice.
     again = up.run("--root", "default/small-slice", "--", ALLOC_LIMIT, "100")
     assert f"allocated_mib={(SLICE_MIB // 100) * 100} result=2 " in again.stdout, again.stderr
+
+
+# Loads the driver into a fresh link-map namespace, where no preloaded library reaches, and
+# holds BYPASS_MIB of device memory until stopped: the hook never sees it (docs/security.md).
+BYPASS_MIB = 2 * SLICE_MIB
+BYPASS = f"""
+import ctypes, time
+libc = ctypes.CDLL(None)
+libc.dlmopen.restype = ctypes.c_void_p
+libc.dlmopen.argtypes = [ctypes.c_long, ctypes.c_char_p, ctypes.c_int]
+handle = libc.dlmopen(-1, b"{DRIVER_DIR}/libcuda.so.1", 2)  # LM_ID_NEWLM, RTLD_NOW
+cuda = ctypes.CDLL("libcuda.so.1", handle=handle)
+device, context, pointer = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
+assert cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(device), 0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) == 0
+assert cuda.cuCtxSetCurrent(context) == 0
+size = ctypes.c_size_t({BYPASS_MIB} << 20)
+print("allocated", cuda.cuMemAlloc_v2(ctypes.byref(pointer), size), flush=True)
+time.sleep(60)
+"""
+
+
+def container_memory_used(metrics_url: str) -> int:
+    with urllib.request.urlopen(f"{metrics_url}/api/v1/pods/default/small-slice") as answer:
+        pod = json.loads(answer.read())
+    cuda = next(c for c in pod["containers"] if c["name"] == "cuda")
+    return sum(device["memory_used_mib"] or 0 for device in cuda["devices"])
+
+
+def test_a_process_that_bypasses_the_hook_is_seen_by_the_agent(up: Up) -> None:
+    """The hook cannot stop it; the node agent's per-process figures show it in the slice."""
+    metrics_url = json.loads(up.state.read_text())["metrics_url"]
+    process = subprocess.Popen(
+        [*VGPU, "run", "--state-file", str(up.state), "default/small-slice", "--",
+         "python3", "-c", BYPASS],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline() == "allocated 0\n"  # past the slice: the hook saw nothing
+        deadline = time.monotonic() + 30
+        while container_memory_used(metrics_url) < BYPASS_MIB:
+            assert time.monotonic() < deadline, "the agent never saw the bypassing process"
+            time.sleep(0.5)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=20)
 
 
 def test_exit_status_and_signals_pass_through(up: Up) -> None:

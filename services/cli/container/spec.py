@@ -47,6 +47,7 @@ class ContainerSpec:
     gid: int = 65534
     mounts: list[BindMount] = field(default_factory=list)
     devices: list[DeviceNode] = field(default_factory=list)
+    cgroup: str = ""  # relative to the cgroup hierarchy's root; "" = stay where we are
 
     @property
     def capabilities(self) -> int:

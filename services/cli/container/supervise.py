@@ -20,7 +20,7 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from services.cli.container import creds, linux, rootfs
+from services.cli.container import cgroup, creds, linux, rootfs
 from services.cli.container.spec import ContainerSpec
 
 FORWARDED = {
@@ -71,6 +71,8 @@ def _init(spec: ContainerSpec, scratch: str) -> None:
     try:
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
         cap_last = creds.last_capability()
+        if spec.cgroup:
+            cgroup.join(spec.cgroup)  # before anything is started: children inherit it
         linux.unshare(linux.CLONE_NEWNS | linux.CLONE_NEWUTS | linux.CLONE_NEWIPC)
         linux.sethostname(spec.hostname[:64])
         rootfs.build(spec, scratch)
@@ -105,6 +107,12 @@ def _wait_for(init: int) -> int:
         elif info.si_code <= 0:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(init, info.si_signo)
+
+
+def _remove_cgroup(relative: str) -> None:
+    hierarchy = cgroup.hierarchy()
+    if hierarchy is not None:
+        cgroup.remove(os.path.join(hierarchy, relative))
 
 
 def check_privileges() -> None:
@@ -150,5 +158,7 @@ def run(spec: ContainerSpec) -> int:
         return _wait_for(init)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        if spec.cgroup:
+            _remove_cgroup(spec.cgroup)
         with contextlib.suppress(OSError):
             os.rmdir(scratch)
