@@ -3,22 +3,25 @@ made from the pod's Allocate response, and nothing in that container can switch 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
+import nats
 import pytest
 
 from services.cli.container import cgroup
 from services.cli.container.rootfs import resolve_in_root
 from services.cli.run_gpu import DRIVER_DIR
 from services.cli.run_target import TargetError, parse_target
+from services.common import subjects
+from services.common.schemas import SliceViolation
 from services.nodeagent.cgroups import parse_cgroup_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -228,31 +231,41 @@ time.sleep(60)
 """
 
 
-def container_memory_used(metrics_url: str) -> int:
-    with urllib.request.urlopen(f"{metrics_url}/api/v1/pods/default/small-slice") as answer:
-        pod = json.loads(answer.read())
-    cuda = next(c for c in pod["containers"] if c["name"] == "cuda")
-    return sum(device["memory_used_mib"] or 0 for device in cuda["devices"])
-
-
-def test_a_process_that_bypasses_the_hook_is_seen_by_the_agent(up: Up) -> None:
-    """The hook cannot stop it; the node agent's per-process figures show it in the slice."""
-    metrics_url = json.loads(up.state.read_text())["metrics_url"]
-    process = subprocess.Popen(
-        [*VGPU, "run", "--state-file", str(up.state), "default/small-slice", "--",
-         "python3", "-c", BYPASS],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+async def bypass_and_wait_for_the_agent(up: Up) -> SliceViolation:
+    """Run BYPASS in the container; the agent's over_limit finding for it, from NATS."""
+    client = await nats.connect(json.loads(up.state.read_text())["nats_url"])
+    subscription = await client.subscribe(subjects.VIOLATIONS_ALL)
+    process = await asyncio.create_subprocess_exec(
+        *VGPU, "run", "--state-file", str(up.state), "default/small-slice", "--",
+        "python3", "-c", BYPASS,
+        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:
         assert process.stdout is not None
-        assert process.stdout.readline() == "allocated 0\n"  # past the slice: the hook saw nothing
-        deadline = time.monotonic() + 30
-        while container_memory_used(metrics_url) < BYPASS_MIB:
-            assert time.monotonic() < deadline, "the agent never saw the bypassing process"
-            time.sleep(0.5)
+        # Twice the slice, and the hook let it: it never saw the call.
+        assert await asyncio.wait_for(process.stdout.readline(), 30) == b"allocated 0\n"
+        async with asyncio.timeout(30):
+            while True:
+                message = await subscription.next_msg(timeout=30)
+                found = msgspec.json.decode(message.data, type=SliceViolation)
+                if (found.pod, found.container, found.kind) == (
+                    "small-slice",
+                    "cuda",
+                    "over_limit",
+                ):
+                    return found
     finally:
         process.send_signal(signal.SIGTERM)
-        process.wait(timeout=20)
+        await process.wait()
+        await client.close()
+
+
+def test_a_process_that_bypasses_the_hook_is_caught_by_the_agent(up: Up) -> None:
+    """The hook cannot stop it; the node agent measures it from outside and reports it."""
+    violation = asyncio.run(bypass_and_wait_for_the_agent(up))
+    assert violation.namespace == "default" and violation.limit_mib == SLICE_MIB
+    assert violation.measured_mib >= BYPASS_MIB
+    assert violation.pids, "the agent names the offending host PIDs"
 
 
 def test_exit_status_and_signals_pass_through(up: Up) -> None:
