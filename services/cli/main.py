@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import signal
 import sys
 from pathlib import Path
@@ -11,10 +12,6 @@ from typing import Any
 import click
 import msgspec
 
-from services.cli.inspect import inspect_command
-from services.cli.kubelet_sim_cmd import kubelet_sim
-from services.cli.run import run_command
-from services.cli.simulate_cmd import simulate
 from services.cli.state import StateError, default_state_file, read_state, write_state
 from services.common.config import ConfigError, load_settings
 from services.common.logs import configure_logging
@@ -34,7 +31,29 @@ async def _until_signalled() -> None:
     await stop.wait()
 
 
-@click.group()
+class _LazyGroup(click.Group):
+    """Imports a command's module only when that command runs (or help lists it): `vgpu
+    simulate` pulls in the allocator's placement core, which `vgpu run` must not wait for."""
+
+    lazy = {
+        "inspect": "services.cli.inspect:inspect_command",
+        "kubelet-sim": "services.cli.kubelet_sim_cmd:kubelet_sim",
+        "run": "services.cli.run:run_command",
+        "simulate": "services.cli.simulate_cmd:simulate",
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.lazy:
+            module, attribute = self.lazy[name].split(":")
+            command: click.Command = getattr(importlib.import_module(module), attribute)
+            return command
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_LazyGroup)
 @click.version_option(package_name="vgpu")
 def main() -> None:
     """vgpu: share NVIDIA GPUs between Kubernetes pods."""
@@ -215,12 +234,6 @@ def metrics(config_file: str | None, **flags: Any) -> None:
 
     settings = _settings(MetricsSettings, "metrics", config_file, **flags)
     _serve(MetricsService(settings), "vgpu-metrics", settings.log_level, settings.otlp_endpoint)
-
-
-main.add_command(inspect_command)
-main.add_command(kubelet_sim)
-main.add_command(run_command)
-main.add_command(simulate)
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ class Up:
     def cuda(self) -> dict:
         return next(c for c in self.pod["containers"] if c["name"] == "cuda")
 
-    def run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [*VGPU, "run", "--state-file", str(self.state), *args],
             cwd=ROOT, capture_output=True, text=True, timeout=timeout,

@@ -37,8 +37,8 @@ FROM_CLUSTER = {
 
 
 def _check(command: list[str], env: dict[str, Any], where: str) -> None:
-    assert command[0] in vgpu.commands, f"{where}: `vgpu {command[0]}` does not exist"
-    cli: click.Command = vgpu.commands[command[0]]
+    cli = vgpu.get_command(click.Context(vgpu), command[0])
+    assert cli is not None, f"{where}: `vgpu {command[0]}` does not exist"
     options = {opt for param in cli.params for opt in getattr(param, "opts", [])}
     for arg in command[1:]:
         assert arg.split("=", 1)[0] in options, f"{where}: vgpu {command[0]} has no {arg}"
