@@ -237,6 +237,12 @@ typedef enum CUstreamCaptureStatus_enum {
     CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2,
 } CUstreamCaptureStatus;
 
+typedef enum CUstreamCaptureMode_enum {
+    CU_STREAM_CAPTURE_MODE_GLOBAL = 0,
+    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
+    CU_STREAM_CAPTURE_MODE_RELAXED = 2,
+} CUstreamCaptureMode;
+
 typedef enum CUdriverProcAddressQueryResult_enum {
     CU_GET_PROC_ADDRESS_SUCCESS = 0,
     CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1,

@@ -11,6 +11,7 @@
 struct CUstream_st {
     CUcontext ctx;
     _Atomic uint64_t last_end_ns; /* when the last work queued on this stream ends */
+    CUgraph capture;              /* the graph it is capturing into (sim_reserve.c), or NULL */
 };
 
 struct CUctx_st {

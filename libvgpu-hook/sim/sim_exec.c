@@ -125,14 +125,15 @@ SIM_EXPORT CUresult cuStreamQuery(CUstream hStream)
     return sim_now_ns() >= atomic_load(&s->last_end_ns) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
-/* Graph capture is not simulated: no stream is ever capturing. */
+/* Capture (sim_reserve.c) records stream-ordered allocations and frees only; kernels
+ * launched into a capturing stream still run. */
 SIM_EXPORT CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *status)
 {
     struct CUstream_st *s;
     CUresult rc = resolve_stream(hStream, &s);
     if (rc || !status)
         return rc ? rc : CUDA_ERROR_INVALID_VALUE;
-    *status = CU_STREAM_CAPTURE_STATUS_NONE;
+    *status = s->capture ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
     return CUDA_SUCCESS;
 }
 

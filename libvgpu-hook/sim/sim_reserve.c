@@ -13,7 +13,9 @@
  *   (default 0) is given back at the next synchronisation, all of it unused
  *   above minBytesToKeep by cuMemPoolTrimTo, the rest when the pool is
  *   destroyed and its last allocation freed. cuMemAllocAsync allocates on the
- *   stream's device from that device's current pool.
+ *   stream's device from that device's current pool. Into a stream that is
+ *   capturing a graph, cuMemAllocAsync and cuMemFreeAsync add allocation and
+ *   free nodes to the graph instead (its memory is taken when it runs).
  * - Context limits: raising CU_LIMIT_MALLOC_HEAP_SIZE or
  *   CU_LIMIT_PRINTF_FIFO_SIZE above their defaults takes the difference;
  *   CU_LIMIT_STACK_SIZE takes it for every thread the device can hold
@@ -106,6 +108,77 @@ SIM_EXPORT CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
 SIM_EXPORT CUresult cuStreamGetCtx_ptsz(CUstream hStream, CUcontext *pctx)
 {
     return cuStreamGetCtx(hStream, pctx);
+}
+
+/* --- stream capture (memory nodes only) ---------------------------------------------------- */
+
+static int special(CUstream s)
+{
+    return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
+}
+
+SIM_EXPORT CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
+{
+    CUresult rc = sim_check_init();
+    if (rc || special(hStream) || (unsigned)mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return rc ? rc : CUDA_ERROR_STREAM_CAPTURE_IMPLICIT; /* the legacy stream cannot */
+    if (hStream->capture)
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuGraphCreate(&hStream->capture, 0);
+}
+
+SIM_EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+{
+    CUresult rc = sim_check_init();
+    if (rc || special(hStream) || !phGraph || !hStream->capture)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    *phGraph = hStream->capture;
+    hStream->capture = NULL;
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus *status,
+                                              cuuint64_t *id, CUgraph *graph,
+                                              const CUgraphNode **deps, size_t *numDeps)
+{
+    CUcontext ctx;
+    CUresult rc = cuStreamGetCtx(hStream, &ctx);
+    if (rc || !status)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    CUgraph g = special(hStream) ? NULL : hStream->capture;
+    *status = g ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    if (id)
+        *id = (uintptr_t)g;
+    if (graph)
+        *graph = g;
+    if (deps)
+        *deps = NULL;
+    if (numDeps)
+        *numDeps = 0;
+    return CUDA_SUCCESS;
+}
+
+static CUgraph capturing(CUstream s)
+{
+    return special(s) ? NULL : s->capture;
+}
+
+/* An allocation node in the capture graph instead of an allocation. */
+static CUresult capture_alloc(CUgraph g, CUdevice dev, CUdeviceptr *dptr, size_t bytes)
+{
+    CUDA_MEM_ALLOC_NODE_PARAMS p;
+    CUgraphNode node;
+    memset(&p, 0, sizeof p);
+    p.poolProps.allocType = 1;
+    p.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.poolProps.location.id = dev;
+    p.bytesize = bytes;
+    if (!dptr || bytes == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = cuGraphAddMemAllocNode(&node, g, NULL, 0, &p);
+    if (rc == CUDA_SUCCESS)
+        *dptr = p.dptr;
+    return rc;
 }
 
 CUresult sim_stream_device(CUstream s, CUdevice *dev)
@@ -527,6 +600,8 @@ SIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream
     CUresult rc = sim_stream_device(hStream, &dev);
     if (rc)
         return rc;
+    if (capturing(hStream))
+        return capture_alloc(capturing(hStream), dev, dptr, bytesize);
     pthread_mutex_lock(&mu);
     CUmemoryPool pool = current_pools[dev] ? current_pools[dev] : default_pool(dev);
     pthread_mutex_unlock(&mu);
@@ -545,6 +620,8 @@ SIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, 
     CUresult rc = sim_stream_device(hStream, &dev);
     if (rc || !pool)
         return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    if (capturing(hStream))
+        return capture_alloc(capturing(hStream), pool->dev, dptr, bytesize);
     return pool_alloc(dptr, bytesize, pool);
 }
 
@@ -554,13 +631,17 @@ SIM_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes
     return cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream);
 }
 
-/* The memory goes back to its pool, which keeps it reserved. */
+/* The memory goes back to its pool, which keeps it reserved. While capturing: a free
+ * node (an allocation made before the capture stays, as the graph has not run). */
 SIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
     CUdevice dev;
+    CUgraphNode node;
     CUresult rc = sim_stream_device(hStream, &dev);
     if (rc)
         return rc;
+    if (capturing(hStream))
+        return cuGraphAddMemFreeNode(&node, capturing(hStream), NULL, 0, dptr);
     pthread_mutex_lock(&mu);
     struct pool_alloc **link = &pool_allocs, *a;
     while ((a = *link) && a->dptr != dptr)

@@ -5,7 +5,9 @@
  * that executable graph. The hook charges it earlier, when the executable
  * graph is instantiated (every variant), so nothing an upload or launch does
  * can pass the limit, and gives it back when the executable graph is
- * destroyed (or its context). The template graph is never charged: adding
+ * destroyed (or its context). Stream-ordered allocations and frees made while
+ * a stream captures a graph are such nodes too (pool.c records them). The
+ * template graph is never charged: adding
  * nodes only records them, and destroying it does not free an executable
  * graph's memory. Each executable graph is charged all its allocation nodes
  * (the driver may reuse memory between them; counting it again errs on the
@@ -46,20 +48,32 @@ static void forget_all(enum vgpu_kind kind, uint64_t key)
 
 /* --- template graphs: recorded, not charged ------------------------------------------------ */
 
-static void record_alloc_node(CUgraph graph, const CUDA_MEM_ALLOC_NODE_PARAMS *p)
+void vgpu_graph_record_alloc(CUgraph graph, int dev, uint64_t size, CUdeviceptr dptr)
 {
-    if (!p || p->bytesize == 0 || p->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
-        p->poolProps.location.id < 0 || p->poolProps.location.id >= VGPU_MAX_DEVICES)
+    if (size == 0 || dev < 0 || dev >= VGPU_MAX_DEVICES)
         return;
-    struct vgpu_object o = {.kind = VGPU_GRAPH, .key = key_of(graph),
-                            .dev = p->poolProps.location.id, .size = p->bytesize,
-                            .parent = p->dptr};
+    struct vgpu_object o = {.kind = VGPU_GRAPH, .key = key_of(graph), .dev = dev, .size = size,
+                            .parent = dptr};
     if (vgpu_track_add(&vgpu_objects, &o) != 0) {
         /* Unrecorded, it would never be charged: tell, the instantiation will be refused. */
         vgpu_log_error("out of host memory recording a graph allocation node on device %d", o.dev);
         o.kind = VGPU_GRAPH_FREE, o.parent = 0; /* a marker instantiate refuses */
         vgpu_track_add(&vgpu_objects, &o);
     }
+}
+
+void vgpu_graph_record_free(CUgraph graph, CUdeviceptr dptr)
+{
+    struct vgpu_object o = {.kind = VGPU_GRAPH_FREE, .key = key_of(graph), .parent = dptr};
+    if (dptr && vgpu_track_add(&vgpu_objects, &o) != 0)
+        /* Without it the allocation counts as outliving its graph: kept longer, safe. */
+        vgpu_log_error("out of host memory recording a graph free node");
+}
+
+static void record_alloc_node(CUgraph graph, const CUDA_MEM_ALLOC_NODE_PARAMS *p)
+{
+    if (p && p->poolProps.location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        vgpu_graph_record_alloc(graph, p->poolProps.location.id, p->bytesize, p->dptr);
 }
 
 CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph,
@@ -106,10 +120,8 @@ CUresult cuGraphAddMemFreeNode(CUgraphNode *phGraphNode, CUgraph hGraph, const C
 {
     REAL_OR_RETURN(cuGraphAddMemFreeNode);
     CUresult rc = real(phGraphNode, hGraph, deps, n, dptr);
-    struct vgpu_object o = {.kind = VGPU_GRAPH_FREE, .key = key_of(hGraph), .parent = dptr};
-    if (rc == CUDA_SUCCESS && dptr && vgpu_track_add(&vgpu_objects, &o) != 0)
-        /* Without it the allocation counts as outliving its graph: kept longer, safe. */
-        vgpu_log_error("out of host memory recording a graph free node");
+    if (rc == CUDA_SUCCESS)
+        vgpu_graph_record_free(hGraph, dptr);
     return rc;
 }
 

@@ -43,6 +43,11 @@ CUresult vgpu_free_linear(CUdeviceptr dptr, CUresult (*call)(void *, CUdeviceptr
 /* The device a stream's work runs on (through its context). 0, or -1. */
 int vgpu_stream_device(CUstream stream, CUdevice *dev);
 
+/* graph_memory.c: an allocation or free node of a template graph (made by
+ * stream capture), recorded to be charged to its executable graphs. */
+void vgpu_graph_record_alloc(CUgraph graph, int dev, uint64_t size, CUdeviceptr dptr);
+void vgpu_graph_record_free(CUgraph graph, CUdeviceptr dptr);
+
 /* pool.c: asks the driver what each of this process's pools on dev holds and
  * charges exactly that; an allocation from a pool went back to it. */
 void vgpu_pools_refresh(int dev);

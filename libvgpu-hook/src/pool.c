@@ -13,7 +13,10 @@
  *
  * cuMemAllocAsync allocates from the current pool of the stream's device,
  * found through the stream's context; cuMemAllocFromPoolAsync from the
- * pool's device. */
+ * pool's device. Into a stream that is capturing a graph, both only add an
+ * allocation node to the graph (and cuMemFreeAsync a free node): nothing is
+ * taken then, and the graph's executable graphs are charged for it
+ * (graph_memory.c). */
 #include <pthread.h>
 
 #include "log.h"
@@ -201,6 +204,33 @@ static CUresult alloc_in_pool(CUmemoryPool pool, int dev, CUstream stream, CUdev
 
 /* --- stream-ordered allocation --------------------------------------------------------------- */
 
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
+
+/* The graph the stream is capturing into, or NULL. A _ptsz entry point's
+ * NULL stream is the calling thread's default stream. */
+static CUgraph capturing(CUstream stream, int per_thread)
+{
+    vgpu_cuStreamGetCaptureInfo_v2_fn info = REAL(cuStreamGetCaptureInfo_v2);
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUgraph graph = NULL;
+    if (!stream && per_thread)
+        stream = CU_STREAM_PER_THREAD;
+    if (!info || info(stream, &status, NULL, &graph, NULL, NULL) != CUDA_SUCCESS ||
+        status != CU_STREAM_CAPTURE_STATUS_ACTIVE)
+        return NULL;
+    return graph;
+}
+
+/* While capturing: an allocation node, recorded for the graph, not charged. */
+static CUresult capture_alloc(CUgraph graph, int dev, CUdeviceptr *dptr, size_t bytes,
+                              pool_call call, void *args)
+{
+    CUresult rc = call(args, dptr);
+    if (rc == CUDA_SUCCESS)
+        vgpu_graph_record_alloc(graph, dev, bytes, *dptr);
+    return rc;
+}
+
 struct async_args {
     vgpu_cuMemAllocAsync_fn real;
     size_t bytes;
@@ -215,7 +245,7 @@ static CUresult call_async(void *p, CUdeviceptr *dptr)
 
 /* From the current pool of the stream's device. */
 static CUresult alloc_async(vgpu_cuMemAllocAsync_fn real, CUdeviceptr *dptr, size_t bytes,
-                            CUstream stream)
+                            CUstream stream, int per_thread)
 {
     READY_OR_RETURN();
     CUdevice dev;
@@ -228,19 +258,22 @@ static CUresult alloc_async(vgpu_cuMemAllocAsync_fn real, CUdeviceptr *dptr, siz
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     struct async_args a = {real, bytes, stream};
+    CUgraph graph = capturing(stream, per_thread);
+    if (graph)
+        return capture_alloc(graph, dev, dptr, bytes, call_async, &a);
     return alloc_in_pool(pool, dev, stream, dptr, bytes, call_async, &a);
 }
 
 CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
     REAL_OR_RETURN(cuMemAllocAsync);
-    return alloc_async(real, dptr, bytesize, hStream);
+    return alloc_async(real, dptr, bytesize, hStream, 0);
 }
 
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
     REAL_OR_RETURN(cuMemAllocAsync_ptsz);
-    return alloc_async(real, dptr, bytesize, hStream);
+    return alloc_async(real, dptr, bytesize, hStream, 1);
 }
 
 struct from_pool_args {
@@ -257,7 +290,7 @@ static CUresult call_from_pool(void *p, CUdeviceptr *dptr)
 }
 
 static CUresult alloc_from_pool(vgpu_cuMemAllocFromPoolAsync_fn real, CUdeviceptr *dptr,
-                                size_t bytes, CUmemoryPool pool, CUstream stream)
+                                size_t bytes, CUmemoryPool pool, CUstream stream, int per_thread)
 {
     READY_OR_RETURN();
     int dev;
@@ -265,6 +298,9 @@ static CUresult alloc_from_pool(vgpu_cuMemAllocFromPoolAsync_fn real, CUdevicept
         (pool_device(pool, &dev) != 0 && vgpu_stream_device(stream, &dev) != 0))
         return real(dptr, bytes, pool, stream);
     struct from_pool_args a = {real, bytes, pool, stream};
+    CUgraph graph = capturing(stream, per_thread);
+    if (graph)
+        return capture_alloc(graph, dev, dptr, bytes, call_from_pool, &a);
     return alloc_in_pool(pool, dev, stream, dptr, bytes, call_from_pool, &a);
 }
 
@@ -272,14 +308,14 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPoo
                                  CUstream hStream)
 {
     REAL_OR_RETURN(cuMemAllocFromPoolAsync);
-    return alloc_from_pool(real, dptr, bytesize, pool, hStream);
+    return alloc_from_pool(real, dptr, bytesize, pool, hStream, 0);
 }
 
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                       CUstream hStream)
 {
     REAL_OR_RETURN(cuMemAllocFromPoolAsync_ptsz);
-    return alloc_from_pool(real, dptr, bytesize, pool, hStream);
+    return alloc_from_pool(real, dptr, bytesize, pool, hStream, 1);
 }
 
 struct free_async_args {
@@ -293,19 +329,35 @@ static CUresult call_free_async(void *p, CUdeviceptr dptr)
     return a->real(dptr, a->stream);
 }
 
-/* The memory goes back to its pool, which stays charged for it. */
+/* The memory goes back to its pool, which stays charged for it. While
+ * capturing, a free node: it frees nothing until the graph runs, so what it
+ * names stays charged (an allocation made outside the graph: until the
+ * application frees it again or its context goes; counted too long, never too
+ * short). */
+static CUresult free_async(vgpu_cuMemFreeAsync_fn real, CUdeviceptr dptr, CUstream stream,
+                           int per_thread)
+{
+    CUgraph graph = capturing(stream, per_thread);
+    if (!graph) {
+        struct free_async_args a = {real, stream};
+        return vgpu_free_linear(dptr, call_free_async, &a);
+    }
+    CUresult rc = real(dptr, stream);
+    if (rc == CUDA_SUCCESS)
+        vgpu_graph_record_free(graph, dptr);
+    return rc;
+}
+
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
     REAL_OR_RETURN(cuMemFreeAsync);
-    struct free_async_args a = {real, hStream};
-    return vgpu_free_linear(dptr, call_free_async, &a);
+    return free_async(real, dptr, hStream, 0);
 }
 
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 {
     REAL_OR_RETURN(cuMemFreeAsync_ptsz);
-    struct free_async_args a = {real, hStream};
-    return vgpu_free_linear(dptr, call_free_async, &a);
+    return free_async(real, dptr, hStream, 1);
 }
 
 /* --- pools ----------------------------------------------------------------------------------- */

@@ -57,6 +57,8 @@
     API(cuDeviceGetMemPool, "cuDeviceGetMemPool", cuDeviceGetMemPool)  \
     API(cuStreamCreate, "cuStreamCreate", cuStreamCreate)              \
     API(cuStreamDestroy_v2, "cuStreamDestroy", cuStreamDestroy_v2)     \
+    API(cuStreamBeginCapture_v2, "cuStreamBeginCapture", cuStreamBeginCapture_v2) \
+    API(cuStreamEndCapture, "cuStreamEndCapture", cuStreamEndCapture)  \
     API(cuCtxSetLimit, "cuCtxSetLimit", cuCtxSetLimit)                 \
     API(cuCtxGetLimit, "cuCtxGetLimit", cuCtxGetLimit)                 \
     API(cuIpcGetMemHandle, "cuIpcGetMemHandle", cuIpcGetMemHandle)     \

@@ -16,6 +16,7 @@
  *   graph <instantiate>   allocation nodes, executable graphs (WithFlags, Instantiate,
  *                         WithParams, clone)
  *   limits                cuCtxSetLimit: malloc heap, printf FIFO, stack
+ *   capture               cuMemAllocAsync / cuMemFreeAsync captured into a graph
  *   vmm_export <socket>   create 600, map, export (POSIX fd) to the first process that
  *                         connects; on stdin "release": unmap and release; then wait for EOF
  *   vmm_import <socket>   import it, map; on stdin "create": try to create 600; then unmap,
@@ -247,6 +248,45 @@ static int graph(const char *how)
     return 0;
 }
 
+/* A graph captured from a stream: an allocation of mib, and its free. */
+static CUgraph capture(CUstream s, size_t mib)
+{
+    CUgraph g;
+    CUdeviceptr p;
+    api_check(api.cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
+    api_check(api.cuMemAllocAsync(&p, mib * MIB, s), "cuMemAllocAsync (captured)");
+    api_check(api.cuMemFreeAsync(p, s), "cuMemFreeAsync (captured)");
+    api_check(api.cuStreamEndCapture(s, &g), "cuStreamEndCapture");
+    return g;
+}
+
+static int captured(void)
+{
+    CUstream s;
+    CUgraphExec e, e2;
+    api_check(api.cuStreamCreate(&s, 0), "cuStreamCreate");
+    CUgraph g = capture(s, 600);
+    unsigned long long after_capture = used_mib(); /* capturing takes nothing */
+    api_check(api.cuGraphInstantiateWithFlags(&e, g, 0), "cuGraphInstantiateWithFlags");
+    unsigned long long instantiated = used_mib();
+    api_check(api.cuGraphDestroy(g), "cuGraphDestroy");
+    CUgraph g2 = capture(s, 600);
+    CUresult second = api.cuGraphInstantiateWithFlags(&e2, g2, 0);
+    api_check(api.cuGraphLaunch(e, s), "cuGraphLaunch");
+    api_check(api.cuStreamSynchronize(s), "cuStreamSynchronize");
+    unsigned long long launched = used_mib();
+    api_check(api.cuGraphExecDestroy(e), "cuGraphExecDestroy");
+    unsigned long long destroyed = used_mib();
+    CUresult third = api.cuGraphInstantiateWithFlags(&e2, g2, 0);
+    if (third == CUDA_SUCCESS)
+        api_check(api.cuGraphExecDestroy(e2), "cuGraphExecDestroy");
+    api_check(api.cuGraphDestroy(g2), "cuGraphDestroy");
+    printf("used_captured=%llu used_instantiated=%llu rc_second=%d used_launched=%llu "
+           "used_exec_destroyed=%llu rc_third=%d used_end=%llu\n",
+           after_capture, instantiated, second, launched, destroyed, third, used_mib());
+    return 0;
+}
+
 static int limits(CUdevice dev)
 {
     size_t heap;
@@ -390,6 +430,8 @@ int main(int argc, char **argv)
         return graph(arg);
     if (strcmp(scenario, "limits") == 0)
         return limits(dev);
+    if (strcmp(scenario, "capture") == 0)
+        return captured();
     if (strcmp(scenario, "vmm_export") == 0)
         return vmm_export(arg);
     if (strcmp(scenario, "vmm_import") == 0)

@@ -118,6 +118,21 @@ def test_graph_memory_is_charged_to_the_executable_graph(
 
 
 @pytest.mark.parametrize("resolve", RESOLVE)
+def test_stream_ordered_memory_captured_into_a_graph_is_charged_to_its_executable_graphs(
+    build: Path, tmp_path: Path, resolve: str
+) -> None:
+    assert mem_life(tmp_path, "capture", resolve) == {
+        "used_captured": 0,  # capturing cuMemAllocAsync allocates nothing
+        "used_instantiated": 600,  # the executable graph made from the capture is charged
+        "rc_second": OOM,  # so a second one does not fit
+        "used_launched": 600,
+        "used_exec_destroyed": 0,
+        "rc_third": 0,
+        "used_end": 0,
+    }
+
+
+@pytest.mark.parametrize("resolve", RESOLVE)
 def test_context_limits_are_charged(build: Path, tmp_path: Path, resolve: str) -> None:
     assert mem_life(tmp_path, "limits", resolve) == {
         "rc_heap": 0,
