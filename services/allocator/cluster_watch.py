@@ -19,6 +19,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from prometheus_client import Counter, Gauge
+
 from services.common.host_requests import MIB, pod_host_requests
 from services.common.quantity import QuantityError, milli_value, parse_quantity, value
 
@@ -28,6 +30,15 @@ from .host_usage import HostUsage
 log = logging.getLogger("vgpu.allocator")
 
 ENDED_PHASES = ("Succeeded", "Failed")
+
+WATCH_EVENTS = Counter(
+    "vgpu_allocator_cluster_watch_events_total",
+    "Node and bound-pod changes taken in (type: list, ADDED, MODIFIED, DELETED)",
+    ["resource", "type"],
+)
+COUNTED_PODS = Gauge(
+    "vgpu_allocator_counted_pods", "Pods whose CPU and memory the allocator counts on nodes"
+)
 
 
 def node_allocatable(node: Mapping[str, Any]) -> Allocatable:
@@ -70,6 +81,7 @@ class NodeHandler:
             )
 
     async def on_list(self, items: list[dict[str, Any]], listed_at: float) -> None:
+        WATCH_EVENTS.labels(resource="nodes", type="list").inc()
         names = set()
         for node in items:
             name = (node.get("metadata") or {}).get("name")
@@ -82,6 +94,7 @@ class NodeHandler:
         self.listed.set()
 
     async def on_change(self, kind: str, obj: dict[str, Any]) -> None:
+        WATCH_EVENTS.labels(resource="nodes", type=kind).inc()
         name = (obj.get("metadata") or {}).get("name")
         if not isinstance(name, str) or not name:
             return
@@ -122,16 +135,20 @@ class BoundPodHandler:
         return uid
 
     async def on_list(self, items: list[dict[str, Any]], listed_at: float) -> None:
+        WATCH_EVENTS.labels(resource="pods", type="list").inc()
         alive = {uid for pod in items if (uid := self._take(pod)) is not None}
         for uid in self._host.observed_uids() - alive:
             self._host.end(uid)
         log.info("counted the pods bound to nodes", extra={"pods": len(alive)})
+        COUNTED_PODS.set(len(self._host))
         self.listed.set()
 
     async def on_change(self, kind: str, obj: dict[str, Any]) -> None:
+        WATCH_EVENTS.labels(resource="pods", type=kind).inc()
         if kind == "DELETED":
             uid = (obj.get("metadata") or {}).get("uid")
             if isinstance(uid, str):
                 self._host.end(uid)
-            return
-        self._take(obj)
+        else:
+            self._take(obj)
+        COUNTED_PODS.set(len(self._host))
