@@ -79,13 +79,41 @@ static int pool_reserved(CUmemoryPool pool, uint64_t *out)
     return 0;
 }
 
+/* The pools this process has records of (under pool_mu), so that refreshing
+ * them does not search the whole object table. A pool past the last entry is
+ * not refreshed: its charge stays where it was, too high at worst. */
+#define MAX_POOLS 256
+static uint64_t pool_keys[MAX_POOLS];
+static int pool_count;
+
+/* Caller holds pool_mu. Records a pool object (0, or -1 if out of host memory). */
+static int pool_add(struct vgpu_object *p)
+{
+    if (vgpu_track_add(&vgpu_objects, p) != 0)
+        return -1;
+    if (pool_count < MAX_POOLS)
+        pool_keys[pool_count++] = p->key;
+    return 0;
+}
+
+/* Caller holds pool_mu. Forgets a pool object. */
+static void pool_drop(uint64_t key)
+{
+    vgpu_track_update(&vgpu_objects, VGPU_POOL, key, drop, NULL, NULL);
+    for (int i = 0; i < pool_count; i++)
+        if (pool_keys[i] == key) {
+            pool_keys[i] = pool_keys[--pool_count];
+            break;
+        }
+}
+
 /* Caller holds pool_mu. The pool's record, made on first use. 0, or -1. */
 static int pool_get(CUmemoryPool pool, int dev, struct vgpu_object *p)
 {
     if (vgpu_track_find(&vgpu_objects, VGPU_POOL, key_of(pool), p) == 0)
         return 0;
     *p = (struct vgpu_object){.kind = VGPU_POOL, .key = key_of(pool), .dev = dev};
-    return vgpu_track_add(&vgpu_objects, p);
+    return pool_add(p);
 }
 
 static void pool_put(const struct vgpu_object *p)
@@ -113,19 +141,15 @@ static void pool_settle(struct vgpu_object *p, uint64_t fallback)
 
 void vgpu_pools_refresh(int dev)
 {
-    struct vgpu_object pools[64];
-    int n = vgpu_track_collect(&vgpu_objects, VGPU_POOL, 0, 1, pools, 64);
-    for (int i = 0; i < n && i < 64; i++) {
-        if (pools[i].dev != dev)
-            continue;
-        struct vgpu_object p;
-        pthread_mutex_lock(&pool_mu);
-        if (vgpu_track_find(&vgpu_objects, VGPU_POOL, pools[i].key, &p) == 0) {
+    struct vgpu_object p;
+    pthread_mutex_lock(&pool_mu);
+    for (int i = 0; i < pool_count; i++) {
+        if (vgpu_track_find(&vgpu_objects, VGPU_POOL, pool_keys[i], &p) == 0 && p.dev == dev) {
             pool_settle(&p, p.bytes);
             pool_put(&p);
         }
-        pthread_mutex_unlock(&pool_mu);
     }
+    pthread_mutex_unlock(&pool_mu);
 }
 
 void vgpu_pool_freed(uint64_t pool, uint64_t size)
@@ -135,8 +159,9 @@ void vgpu_pool_freed(uint64_t pool, uint64_t size)
     if (vgpu_track_find(&vgpu_objects, VGPU_POOL, pool, &p) == 0) {
         p.size -= size < p.size ? size : p.size;
         if ((p.flags & VGPU_POOL_DESTROYED) && p.size == 0) {
-            vgpu_uncharge(p.dev, p.bytes); /* the driver frees a destroyed pool with its last allocation */
-            vgpu_track_update(&vgpu_objects, VGPU_POOL, pool, drop, NULL, NULL);
+            /* The driver frees a destroyed pool with its last allocation. */
+            vgpu_uncharge(p.dev, p.bytes);
+            pool_drop(pool);
         } else {
             pool_put(&p);
         }
@@ -370,7 +395,7 @@ CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
         props->location.id >= 0 && props->location.id < VGPU_MAX_DEVICES) {
         struct vgpu_object o = {.kind = VGPU_POOL, .key = key_of(*pool), .dev = props->location.id};
         pthread_mutex_lock(&pool_mu);
-        if (vgpu_track_add(&vgpu_objects, &o) != 0)
+        if (pool_add(&o) != 0)
             vgpu_log_error("out of host memory tracking a memory pool on device %d", o.dev);
         pthread_mutex_unlock(&pool_mu);
     }
@@ -388,7 +413,7 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool)
         vgpu_track_find(&vgpu_objects, VGPU_POOL, key_of(pool), &p) == 0) {
         if (p.size == 0) {
             vgpu_uncharge(p.dev, p.bytes);
-            vgpu_track_update(&vgpu_objects, VGPU_POOL, p.key, drop, NULL, NULL);
+            pool_drop(p.key);
         } else {
             p.flags |= VGPU_POOL_DESTROYED;
             pool_put(&p);

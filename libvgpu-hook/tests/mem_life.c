@@ -253,7 +253,8 @@ static CUgraph capture(CUstream s, size_t mib)
 {
     CUgraph g;
     CUdeviceptr p;
-    api_check(api.cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
+    api_check(api.cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+              "cuStreamBeginCapture");
     api_check(api.cuMemAllocAsync(&p, mib * MIB, s), "cuMemAllocAsync (captured)");
     api_check(api.cuMemFreeAsync(p, s), "cuMemFreeAsync (captured)");
     api_check(api.cuStreamEndCapture(s, &g), "cuStreamEndCapture");
