@@ -50,6 +50,14 @@ FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
     show_default=True,
     help="Where pods without GPUs go (kube-scheduler's part).",
 )
+@click.option(
+    "--method",
+    type=click.Choice(["vgpu", "paper"]),
+    default="vgpu",
+    show_default=True,
+    help="vgpu: every pod through vgpu's placement engine; paper: the FGD paper's simulator "
+    "(its resource model, workload sampling and baselines, each placing CPU-only pods too).",
+)
 @click.option("--jobs", default=1, show_default=True, help="Policies replayed in parallel.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per policy.")
 @click.option(
@@ -61,17 +69,19 @@ FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 )
 def simulate(
     nodes_file: Path, pods_file: Path, policies: tuple[str, ...], seed: int, demand: float,
-    cpu_pods: str, jobs: int, as_json: bool, plot_file: Path | None,
+    cpu_pods: str, method: str, jobs: int, as_json: bool, plot_file: Path | None,
 ) -> None:  # fmt: skip
     """Replay a trace (the ATC'23 FGD paper's method) and report GPU allocation per policy."""
+    from services.simulate import paper
     from services.simulate.report import PlotUnavailable, json_lines, plot, require_plotting, table
     from services.simulate.runner import Job, ProgressBar, run_job, run_jobs
 
-    known = policy_names()
+    known = list(paper.POLICIES) if method == paper.METHOD else policy_names()
     unknown = [p for p in policies if p not in known]
     if unknown:
         raise click.BadParameter(
-            f"unknown policy {', '.join(unknown)} (known: {', '.join(known)})",
+            f"unknown policy {', '.join(unknown)} for --method {method} "
+            f"(known: {', '.join(known)})",
             param_hint="--policy",
         )
     if not demand > 0:
@@ -90,12 +100,12 @@ def simulate(
     if not any(p.gpu_demand > 0 for p in pods):
         raise click.ClickException(f"{pods_file}: no pod asks for GPUs: demand never grows")
     chosen = list(dict.fromkeys(policies)) or known
-    job_list = [Job(nodes_file, pods_file, p, seed, demand, cpu_pods) for p in chosen]
+    job_list = [Job(nodes_file, pods_file, p, seed, demand, cpu_pods, method) for p in chosen]
     if jobs > 1:
         results = run_jobs(job_list, workers=jobs)
     else:
         results = [run_job(j, (nodes, pods), ProgressBar(j.policy)) for j in job_list]
-    click.echo(json_lines(results) if as_json else table(results))
+    click.echo(json_lines(results) if as_json else table(results, method))
     if plot_file is not None:
         plot(results, plot_file, title=f"{pods_file.name} on {nodes_file.name}, seed {seed}")
         if not as_json:

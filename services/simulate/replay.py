@@ -122,6 +122,7 @@ class ReplayResult:
     decision_ms: list[float] = field(default_factory=list)
     seconds: float = 0.0
     recorded_ms: dict[float, float] = field(default_factory=dict)  # percentiles, from a record
+    method: str = "vgpu"  # vgpu: through vgpu's engine; paper: the FGD paper's simulator
 
     def percentile_ms(self, q: float) -> float:
         if not self.decision_ms:
@@ -136,6 +137,7 @@ class ReplayResult:
 
         return {
             "policy": self.policy,
+            "method": self.method,
             "seed": self.seed,
             "alloc_at_100": at(1.0),
             "alloc_at_110": at(1.1),
@@ -174,6 +176,7 @@ def from_record(record: dict[str, Any]) -> ReplayResult:
         curve=[(demand, ratio) for demand, ratio in record["curve"]],
         seconds=record["seconds"],
         recorded_ms={0.5: record["decision_ms_p50"], 0.99: record["decision_ms_p99"]},
+        method=record.get("method", "vgpu"),
     )
 
 
@@ -290,9 +293,11 @@ def replay(
 def mean_results(results: Sequence[ReplayResult]) -> dict[str, Any]:
     """The JSON keys averaged over seeds (seed becomes the list of seeds)."""
     rows = [r.to_json() for r in results]
-    merged: dict[str, Any] = {"policy": rows[0]["policy"], "seed": [r["seed"] for r in rows]}
+    merged: dict[str, Any] = {
+        "policy": rows[0]["policy"], "method": rows[0]["method"], "seed": [r["seed"] for r in rows],
+    }  # fmt: skip
     for key in rows[0]:
-        if key in ("policy", "seed"):
+        if key in ("policy", "method", "seed"):
             continue
         values = [r[key] for r in rows if r[key] is not None]
         merged[key] = round(sum(values) / len(values), 3) if len(values) == len(rows) else None

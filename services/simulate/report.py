@@ -15,13 +15,25 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}%"
 
 
-def table(results: Sequence[ReplayResult]) -> str:
-    """One line per replay: allocation ratio at 100..130% demand, failures, latency."""
+METHODS = {
+    "vgpu": "method vgpu: GPU pods through vgpu's placement engine, CPU-only pods by the "
+    "kube-scheduler stand-in",
+    "paper": "method paper: the FGD paper's simulator (ATC'23), every pod by the policy",
+    "through-scheduler": "method through-scheduler: kube-scheduler emulation -> vgpu's "
+    "extender over HTTP -> API server",
+}
+
+
+def table(results: Sequence[ReplayResult], method: str | None = None) -> str:
+    """One line per replay: allocation ratio at 100..130% demand, failures, latency; the
+    first line says which method produced it."""
+    methods = sorted({r.method for r in results} | ({method} if method else set()))
+    lines = [f"# {METHODS.get(m, 'method ' + m)}" for m in methods]
     header = (
         f"{'policy':<14} {'seed':>4} {'@100%':>8} {'@110%':>8} {'@120%':>8} {'@130%':>8} "
         f"{'failed':>7} {'p50 ms':>7} {'p99 ms':>7}"
     )
-    lines = [header]
+    lines.append(header)
     for result in results:
         row = result.to_json()
         cells = " ".join(f"{_percent(row[c]):>8}" for c in COLUMNS)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from services.simulate import paper
 from services.simulate.replay import ReplayResult, replay
 from services.simulate.trace import TraceNode, TracePod, read_nodes, read_pods
 from services.simulate.workload import arrivals, gpu_capacity
@@ -22,6 +23,7 @@ class Job:
     seed: int
     demand: float = 1.3
     cpu_pods: str = "least-stranded"
+    method: str = "vgpu"  # vgpu: through vgpu's engine; paper: the FGD paper's simulator
 
 
 def run_job(
@@ -30,6 +32,8 @@ def run_job(
     progress: Callable[[int, int], None] | None = None,
 ) -> ReplayResult:
     nodes, pods = loaded or (read_nodes(job.nodes), read_pods(job.pods))
+    if job.method == paper.METHOD:
+        return paper.replay(nodes, pods, job.policy, job.seed, job.demand, progress=progress)
     sequence = arrivals(pods, gpu_capacity(nodes), job.demand, job.seed)
     return replay(nodes, sequence, job.policy, job.seed, cpu_pods=job.cpu_pods, progress=progress)
 

@@ -1,4 +1,11 @@
-"""A kube-scheduler stand-in that drives a scheduler extender exactly as kube-scheduler does.
+"""kube-scheduler stand-ins that drive a scheduler extender exactly as kube-scheduler does.
+
+`SchedulerSimulator` is the extender's client alone (every node goes to the extender);
+`KubeSchedulerEmulation` (below) is a whole default-profile scheduler: NodeResourcesFit,
+LeastAllocated and BalancedAllocation scoring (services/simulators/kube_scoring.py), the
+extenders of a KubeSchedulerConfiguration, and binding through the API server.
+
+SchedulerSimulator:
 
 nodeCacheCapable=true: filter with ``Pod`` + ``NodeNames`` (``Nodes`` null), prioritize the
 survivors, pick the best total (extender score x weight x 10, ties to the lowest node name),
@@ -13,6 +20,8 @@ the API server at ``api_url``.
 
 from __future__ import annotations
 
+import random
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +30,7 @@ import msgspec
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from services.common.tracing import inject_headers, tracer
+from services.simulators import kube_scoring
 
 _tracer = tracer("vgpu.simulators.scheduler")
 
@@ -260,3 +270,230 @@ class SchedulerSimulator:
                 raise ExtenderCallError(
                     f"{verb}: the answer from {url} is not JSON: {exc}"
                 ) from exc
+
+
+# -- kube-scheduler's default profile with extenders --------------------------------------
+
+
+@dataclass(frozen=True)
+class ExtenderConfig:
+    """One `extenders[]` entry of a KubeSchedulerConfiguration."""
+
+    url: str
+    filter_verb: str = ""
+    prioritize_verb: str = ""
+    bind_verb: str = ""
+    weight: int = 1
+    managed: dict[str, bool] = field(default_factory=dict)  # name -> ignoredByScheduler
+    timeout_s: float = 5.0
+
+    @classmethod
+    def from_entry(cls, entry: dict[str, Any], url: str | None = None) -> ExtenderConfig:
+        timeout = str(entry.get("httpTimeout") or "5s")
+        return cls(
+            url=(url or entry.get("urlPrefix") or "").rstrip("/"),
+            filter_verb=entry.get("filterVerb") or "",
+            prioritize_verb=entry.get("prioritizeVerb") or "",
+            bind_verb=entry.get("bindVerb") or "",
+            weight=int(entry.get("weight") or 1),
+            managed={
+                m["name"]: bool(m.get("ignoredByScheduler"))
+                for m in entry.get("managedResources") or []
+            },
+            timeout_s=float(timeout.rstrip("s")) if timeout.endswith("s") else 5.0,
+        )
+
+    def interested(self, pod: dict[str, Any]) -> bool:
+        """kube-scheduler's IsInterested: no managed resources, or a container names one."""
+        if not self.managed:
+            return True
+        spec = pod.get("spec") or {}
+        for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+            resources = container.get("resources") or {}
+            for names in (resources.get("requests") or {}, resources.get("limits") or {}):
+                if any(name in self.managed for name in names):
+                    return True
+        return False
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """What the emulation reads from a KubeSchedulerConfiguration (the deploy one)."""
+
+    extenders: tuple[ExtenderConfig, ...] = ()
+    percentage_of_nodes_to_score: int = 0
+
+    @classmethod
+    def from_document(
+        cls, document: dict[str, Any], extender_url: str | None = None
+    ) -> SchedulerConfig:
+        profiles = document.get("profiles") or [{}]
+        percentage = profiles[0].get("percentageOfNodesToScore")
+        if percentage is None:
+            percentage = document.get("percentageOfNodesToScore") or 0
+        return cls(
+            extenders=tuple(
+                ExtenderConfig.from_entry(e, extender_url) for e in document.get("extenders") or []
+            ),
+            percentage_of_nodes_to_score=int(percentage),
+        )
+
+    @property
+    def ignored_resources(self) -> frozenset[str]:
+        return frozenset(n for e in self.extenders for n, ignored in e.managed.items() if ignored)
+
+
+@dataclass
+class CycleResult:
+    node: str | None = None
+    reason: str = ""
+    extender_ms: float = 0.0  # filter + prioritize round trips, the extender's share
+
+
+class KubeSchedulerEmulation:
+    """One kube-scheduler with the default profile and the configured extenders.
+
+    Per pod: NodeResourcesFit filters nodes from a rotating start until it has found
+    numFeasibleNodesToFind of them; each interested extender filters the survivors (HTTP);
+    with two or more left, the total of each is NodeResourcesFit's LeastAllocated score +
+    BalancedAllocation's (weights 1) + 10 x weight x each interested extender's prioritize
+    score; the highest total wins, ties uniformly at random (seeded); an interested extender
+    with a bind verb binds, otherwise the pod is bound through the API server's binding
+    subresource. The node cache is this scheduler's own, updated on every bind it makes
+    (kube-scheduler's assume), from Node objects read from the API server."""
+
+    def __init__(self, api_url: str, config: SchedulerConfig, seed: int = 0) -> None:
+        self.api_url = api_url.rstrip("/")
+        self.config = config
+        self.rng = random.Random(seed)
+        self.nodes: list[kube_scoring.NodeInfo] = []
+        self._next_start = 0
+        self._session: aiohttp.ClientSession | None = None
+        self._callers = {
+            e.url: SchedulerSimulator(e.url, e.timeout_s, e.weight) for e in config.extenders
+        }
+
+    async def close(self) -> None:
+        for caller in self._callers.values():
+            await caller.close()
+        if self._session is not None:
+            await self._session.close()
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+        return self._session
+
+    async def load_nodes(self) -> None:
+        """The node cache from the API server's Node objects (status.allocatable)."""
+        async with self._http().get(f"{self.api_url}/api/v1/nodes") as response:
+            listing = await response.json()
+        self.nodes = []
+        for item in listing.get("items") or []:
+            allocatable = (item.get("status") or {}).get("allocatable") or {}
+            self.nodes.append(
+                kube_scoring.NodeInfo(
+                    name=item["metadata"]["name"],
+                    allocatable={
+                        name: kube_scoring.quantity(value, milli=name == kube_scoring.CPU)
+                        for name, value in allocatable.items()
+                    },
+                )
+            )
+
+    def _feasible(self, demand: kube_scoring.PodDemand) -> list[kube_scoring.NodeInfo]:
+        total = len(self.nodes)
+        wanted = kube_scoring.num_feasible_nodes_to_find(
+            total, self.config.percentage_of_nodes_to_score
+        )
+        ignored = self.config.ignored_resources
+        feasible: list[kube_scoring.NodeInfo] = []
+        examined = 0
+        for offset in range(total):
+            node = self.nodes[(self._next_start + offset) % total]
+            examined += 1
+            if kube_scoring.fit_problem(node, demand, ignored) is None:
+                feasible.append(node)
+                if len(feasible) >= wanted:
+                    break
+        if total:
+            self._next_start = (self._next_start + examined) % total
+        return feasible
+
+    async def schedule(self, pod: dict[str, Any]) -> CycleResult:
+        metadata = pod["metadata"]
+        namespace, name = metadata.get("namespace") or "default", metadata["name"]
+        demand = kube_scoring.pod_demand(pod)
+        feasible = self._feasible(demand)
+        if not feasible:
+            return CycleResult(reason="no node fits the pod's cpu/memory/resources")
+        interested = [e for e in self.config.extenders if e.interested(pod)]
+        names = [n.name for n in feasible]
+        extender_s = 0.0
+        timer = time.perf_counter
+        for extender in interested:
+            if not extender.filter_verb or not names:
+                continue
+            begin = timer()
+            answer = await self._callers[extender.url]._call(
+                extender.filter_verb, {"Pod": pod, "Nodes": None, "NodeNames": names}
+            )
+            extender_s += timer() - begin
+            if not isinstance(answer, dict) or answer.get("Error"):
+                error = answer.get("Error") if isinstance(answer, dict) else "bad answer"
+                return CycleResult(reason=f"extender filter: {error}")
+            passed = set(answer.get("NodeNames") or [])
+            names = [n for n in names if n in passed]
+        if not names:
+            return CycleResult(
+                reason="the extender filtered out every node", extender_ms=extender_s * 1000
+            )
+        by_name = {n.name: n for n in feasible}
+        if len(names) == 1:
+            chosen = names[0]
+        else:
+            totals = {
+                n: kube_scoring.least_allocated(by_name[n], demand)
+                + kube_scoring.balanced_allocation(by_name[n], demand)
+                for n in names
+            }
+            for extender in interested:
+                if not extender.prioritize_verb:
+                    continue
+                begin = timer()
+                scores = await self._callers[extender.url]._scores(pod, names)
+                extender_s += timer() - begin
+                for host, value in scores.items():
+                    totals[host] += value  # already x weight x 10
+            chosen = kube_scoring.select_host([(n, totals[n]) for n in names], self.rng)
+        binder = next((e for e in interested if e.bind_verb), None)
+        if binder is not None:
+            answer = await self._callers[binder.url]._call(
+                binder.bind_verb,
+                {
+                    "PodName": name,
+                    "PodNamespace": namespace,
+                    "PodUID": metadata.get("uid") or "",
+                    "Node": chosen,
+                },
+            )
+            if not isinstance(answer, dict) or answer.get("Error"):
+                error = answer.get("Error") if isinstance(answer, dict) else "bad answer"
+                return CycleResult(
+                    reason=f"bind to {chosen}: {error}", extender_ms=extender_s * 1000
+                )
+        else:
+            binding = {
+                "apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": name, "namespace": namespace, "uid": metadata.get("uid")},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": chosen},
+            }  # fmt: skip
+            url = f"{self.api_url}/api/v1/namespaces/{namespace}/pods/{name}/binding"
+            async with self._http().post(url, json=binding) as response:
+                if response.status != 201:
+                    text = await response.text()
+                    return CycleResult(
+                        reason=f"binding to {chosen}: HTTP {response.status} {text[:200]}"
+                    )
+        by_name[chosen].add(demand)
+        return CycleResult(node=chosen, extender_ms=extender_s * 1000)

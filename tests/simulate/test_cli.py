@@ -23,7 +23,7 @@ pods:
 - {name: cpu, gpus: 0, cpu_milli: 4000, memory_mib: 4096}
 """
 KEYS = [
-    "policy", "seed", "alloc_at_100", "alloc_at_110", "alloc_at_120", "alloc_at_130",
+    "policy", "method", "seed", "alloc_at_100", "alloc_at_110", "alloc_at_120", "alloc_at_130",
     "failed_pods", "decision_ms_p50", "decision_ms_p99",
 ]  # fmt: skip
 
@@ -59,8 +59,9 @@ def test_table_every_policy_and_plot(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["simulate", *files(tmp_path), "--plot", str(plot)])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert "@130%" in lines[0]
-    policies = {line.split()[0] for line in lines[1:-1]}
+    assert lines[0].startswith("# method vgpu:")  # the table says which method made it
+    assert "@130%" in lines[1]
+    policies = {line.split()[0] for line in lines[2:-1]}
     assert {"hostpack", "fgd", "binpack", "random", "firstfit", "bestfit", "dotprod",
             "gpupacking", "gpuclustering"} <= policies  # fmt: skip
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -92,3 +93,15 @@ def test_bad_input_gets_a_clear_error(tmp_path: Path) -> None:
     none = CliRunner().invoke(main, ["simulate", args[0], args[1], "--pods",
                                      str(tmp_path / "cpu.yaml")])  # fmt: skip
     assert none.exit_code == 1 and "no pod asks for GPUs" in none.output
+
+
+def test_method_paper_replays_the_papers_baselines(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["simulate", *files(tmp_path), "--method", "paper"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith("# method paper:")
+    assert [line.split()[0] for line in lines[2:]] == ["random", "bestfit", "fgd"]
+    refused = CliRunner().invoke(
+        main, ["simulate", *files(tmp_path), "--method", "paper", "--policy", "hostpack"]
+    )
+    assert refused.exit_code != 0 and "for --method paper" in refused.output

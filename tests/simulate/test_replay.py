@@ -23,7 +23,7 @@ from services.simulate.trace import TraceNode, TracePod
 from services.simulate.workload import arrivals, gpu_capacity
 
 JSON_KEYS = [
-    "policy", "seed", "alloc_at_100", "alloc_at_110", "alloc_at_120", "alloc_at_130",
+    "policy", "method", "seed", "alloc_at_100", "alloc_at_110", "alloc_at_120", "alloc_at_130",
     "failed_pods", "decision_ms_p50", "decision_ms_p99",
 ]  # fmt: skip
 
@@ -114,7 +114,7 @@ def test_every_policy_replays_and_mean_results_average_seeds() -> None:
             assert 0 < result.alloc_at[1.3] <= 1.0, policy
             results.append(result)
     merged = mean_results([r for r in results if r.policy == "fgd"])
-    assert merged["seed"] == [0, 1] and list(merged)[2:] == JSON_KEYS[2:]
+    assert merged["seed"] == [0, 1] and list(merged)[3:] == JSON_KEYS[3:]
 
 
 def test_a_record_gives_back_the_same_json_curve_and_plot_data() -> None:
