@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from services.simulate import paper
+from services.simulate import paper, through
 from services.simulate.replay import ReplayResult, replay
 from services.simulate.trace import TraceNode, TracePod, read_nodes, read_pods
 from services.simulate.workload import arrivals, gpu_capacity
@@ -23,7 +23,9 @@ class Job:
     seed: int
     demand: float = 1.3
     cpu_pods: str = "least-stranded"
-    method: str = "vgpu"  # vgpu: through vgpu's engine; paper: the FGD paper's simulator
+    # vgpu: through vgpu's engine in process; paper: the FGD paper's simulator;
+    # through-scheduler: kube-scheduler emulation -> the allocator's extender over HTTP
+    method: str = "vgpu"
 
 
 def run_job(
@@ -35,6 +37,8 @@ def run_job(
     if job.method == paper.METHOD:
         return paper.replay(nodes, pods, job.policy, job.seed, job.demand, progress=progress)
     sequence = arrivals(pods, gpu_capacity(nodes), job.demand, job.seed)
+    if job.method == through.METHOD:
+        return through.replay(nodes, sequence, job.policy, job.seed, progress=progress)
     return replay(nodes, sequence, job.policy, job.seed, cpu_pods=job.cpu_pods, progress=progress)
 
 

@@ -109,7 +109,9 @@ async def replay_async(
     *,
     config_path: Path = DEPLOY_CONFIG,
     progress: Callable[[int, int], None] | None = None,
+    inspect: Callable[[FakeApiServer, Allocator], None] | None = None,
 ) -> ReplayResult:
+    """`inspect` sees the API server and the allocator after the last pod (tests)."""
     capacity = sum(node.gpus for node in nodes)
     if not capacity:
         raise ValueError("the node list has no GPUs")
@@ -152,6 +154,8 @@ async def replay_async(
         stack.push_async_callback(scheduler.close)
         await scheduler.load_nodes()
         await _run(api, scheduler, sequence, result, progress)
+        if inspect is not None:
+            inspect(api, allocator)
     return result
 
 
@@ -173,7 +177,7 @@ async def _run(
         del body["metadata"]["uid"]  # the API server assigns it
         created = await api.create_pod(body)
         cycle = await scheduler.schedule(created)
-        if pod.num_gpu:
+        if pod.num_gpu and cycle.extender_ms:  # the extender saw it
             result.decision_ms.append(cycle.extender_ms)
         if cycle.node is not None:
             allocated += pod.gpu_demand
@@ -203,7 +207,11 @@ def replay(
     *,
     config_path: Path = DEPLOY_CONFIG,
     progress: Callable[[int, int], None] | None = None,
+    inspect: Callable[[FakeApiServer, Allocator], None] | None = None,
 ) -> ReplayResult:
     return asyncio.run(
-        replay_async(nodes, sequence, policy, seed, config_path=config_path, progress=progress)
-    )
+        replay_async(
+            nodes, sequence, policy, seed, config_path=config_path, progress=progress,
+            inspect=inspect,
+        )
+    )  # fmt: skip
