@@ -15,7 +15,9 @@ ALLOWED: dict[str, set[str]] = {
     "nodeagent": set(),
     "metrics": set(),
     "simulators": set(),
-    "simulate": {"allocator"},  # replays traces through the allocator's placement core
+    # Replays traces through the allocator's placement core; the through-scheduler replay
+    # assembles the real services (allocator, node agent publisher, API server, scheduler).
+    "simulate": {"allocator", "nodeagent", "simulators"},
     "cli": {"allocator", "nodeagent", "metrics", "simulators", "simulate"},  # the app layer
 }
 

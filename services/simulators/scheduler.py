@@ -226,13 +226,13 @@ class SchedulerSimulator:
         result.node = best
         return result
 
-    async def _scores(self, pod: dict[str, Any], passed: list[str]) -> dict[str, int]:
+    async def _scores(
+        self, pod: dict[str, Any], passed: list[str], verb: str = "prioritize"
+    ) -> dict[str, int]:
         """Totals per node; kube-scheduler ignores a failed prioritize, so do we (all zero)."""
         totals = dict.fromkeys(passed, 0)
         try:
-            answer = await self._call(
-                "prioritize", {"Pod": pod, "Nodes": None, "NodeNames": passed}
-            )
+            answer = await self._call(verb, {"Pod": pod, "Nodes": None, "NodeNames": passed})
         except ExtenderCallError:
             return totals
         if not isinstance(answer, list):
@@ -369,12 +369,11 @@ class KubeSchedulerEmulation:
         self.nodes: list[kube_scoring.NodeInfo] = []
         self._next_start = 0
         self._session: aiohttp.ClientSession | None = None
-        self._callers = {
-            e.url: SchedulerSimulator(e.url, e.timeout_s, e.weight) for e in config.extenders
-        }
+        # One client per extender entry (two entries may share a URL with different verbs).
+        self._callers = [SchedulerSimulator(e.url, e.timeout_s, e.weight) for e in config.extenders]
 
     async def close(self) -> None:
-        for caller in self._callers.values():
+        for caller in self._callers:
             await caller.close()
         if self._session is not None:
             await self._session.close()
@@ -427,15 +426,19 @@ class KubeSchedulerEmulation:
         feasible = self._feasible(demand)
         if not feasible:
             return CycleResult(reason="no node fits the pod's cpu/memory/resources")
-        interested = [e for e in self.config.extenders if e.interested(pod)]
+        interested = [
+            (extender, caller)
+            for extender, caller in zip(self.config.extenders, self._callers, strict=True)
+            if extender.interested(pod)
+        ]
         names = [n.name for n in feasible]
         extender_s = 0.0
         timer = time.perf_counter
-        for extender in interested:
+        for extender, caller in interested:
             if not extender.filter_verb or not names:
                 continue
             begin = timer()
-            answer = await self._callers[extender.url]._call(
+            answer = await caller._call(
                 extender.filter_verb, {"Pod": pod, "Nodes": None, "NodeNames": names}
             )
             extender_s += timer() - begin
@@ -457,19 +460,19 @@ class KubeSchedulerEmulation:
                 + kube_scoring.balanced_allocation(by_name[n], demand)
                 for n in names
             }
-            for extender in interested:
+            for extender, caller in interested:
                 if not extender.prioritize_verb:
                     continue
                 begin = timer()
-                scores = await self._callers[extender.url]._scores(pod, names)
+                scores = await caller._scores(pod, names, extender.prioritize_verb)
                 extender_s += timer() - begin
                 for host, value in scores.items():
                     totals[host] += value  # already x weight x 10
             chosen = kube_scoring.select_host([(n, totals[n]) for n in names], self.rng)
-        binder = next((e for e in interested if e.bind_verb), None)
+        binder = next(((e, c) for e, c in interested if e.bind_verb), None)
         if binder is not None:
-            answer = await self._callers[binder.url]._call(
-                binder.bind_verb,
+            answer = await binder[1]._call(
+                binder[0].bind_verb,
                 {
                     "PodName": name,
                     "PodNamespace": namespace,

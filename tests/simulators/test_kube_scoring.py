@@ -124,3 +124,30 @@ def test_select_host_highest_total_and_seeded_uniform_ties() -> None:
     assert [select_host(tied, first) for _ in range(20)] == [
         select_host(tied, second) for _ in range(20)
     ]
+
+
+def test_scheduler_config_reads_extenders_interest_and_ignored_resources() -> None:
+    from services.simulators.scheduler import SchedulerConfig
+
+    document = {
+        "profiles": [{"schedulerName": "vgpu-scheduler"}],
+        "extenders": [
+            {"urlPrefix": "http://x/scheduler/", "filterVerb": "filter", "bindVerb": "bind",
+             "managedResources": [{"name": "nvidia.com/gpu", "ignoredByScheduler": False},
+                                  {"name": "nvidia.com/gpumem", "ignoredByScheduler": True}]},
+            {"urlPrefix": "http://x/scheduler", "prioritizeVerb": "prioritize", "weight": 60,
+             "httpTimeout": "2s"},
+        ],
+    }  # fmt: skip
+    config = SchedulerConfig.from_document(document, extender_url="http://allocator/scheduler")
+    gpu_only, everyone = config.extenders
+    assert gpu_only.url == everyone.url == "http://allocator/scheduler"
+    assert (gpu_only.filter_verb, gpu_only.bind_verb, gpu_only.prioritize_verb) == (
+        "filter", "bind", "")  # fmt: skip
+    assert (everyone.weight, everyone.timeout_s) == (60, 2.0)
+    assert config.ignored_resources == {"nvidia.com/gpumem"}
+    assert config.percentage_of_nodes_to_score == 0  # unset: adaptive
+    gpu_pod = {"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    cpu_pod = {"spec": {"containers": [{"resources": {"requests": {"cpu": "1"}}}]}}
+    assert gpu_only.interested(gpu_pod) and not gpu_only.interested(cpu_pod)
+    assert everyone.interested(gpu_pod) and everyone.interested(cpu_pod)
