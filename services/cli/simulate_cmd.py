@@ -67,6 +67,13 @@ FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
     "against the in-process API server, inventories over a real nats-server. Slow: minutes "
     f"per replay at 1,213 nodes. Policies: the engine's (default {DEFAULT_POLICY}).",
 )
+@click.option(
+    "--scheduler-config",
+    type=FILE,
+    default=None,
+    help="With --through-scheduler: the KubeSchedulerConfiguration to emulate (its extenders, "
+    "weights, managedResources, percentageOfNodesToScore). Default: deploy/k8s's.",
+)
 @click.option("--jobs", default=1, show_default=True, help="Policies replayed in parallel.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per policy.")
 @click.option(
@@ -78,8 +85,8 @@ FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 )
 def simulate(
     nodes_file: Path, pods_file: Path, policies: tuple[str, ...], seed: int, demand: float,
-    cpu_pods: str, method: str, through_scheduler: bool, jobs: int, as_json: bool,
-    plot_file: Path | None,
+    cpu_pods: str, method: str, through_scheduler: bool, scheduler_config: Path | None,
+    jobs: int, as_json: bool, plot_file: Path | None,
 ) -> None:  # fmt: skip
     """Replay a trace (the ATC'23 FGD paper's method) and report GPU allocation per policy."""
     from services.simulate import paper, through
@@ -94,6 +101,8 @@ def simulate(
                 param_hint="--method",
             )
         method = through.METHOD
+    elif scheduler_config is not None:
+        raise click.BadParameter("only with --through-scheduler", param_hint="--scheduler-config")
     if method == paper.METHOD:
         known = list(paper.POLICIES)
     elif method == through.METHOD:
@@ -124,7 +133,10 @@ def simulate(
         raise click.ClickException(f"{pods_file}: no pod asks for GPUs: demand never grows")
     default = [DEFAULT_POLICY] if method == through.METHOD else known
     chosen = list(dict.fromkeys(policies)) or default
-    job_list = [Job(nodes_file, pods_file, p, seed, demand, cpu_pods, method) for p in chosen]
+    job_list = [
+        Job(nodes_file, pods_file, p, seed, demand, cpu_pods, method, scheduler_config)
+        for p in chosen
+    ]
     if jobs > 1:
         results = run_jobs(job_list, workers=jobs)
     else:

@@ -26,6 +26,7 @@ class Job:
     # vgpu: through vgpu's engine in process; paper: the FGD paper's simulator;
     # through-scheduler: kube-scheduler emulation -> the allocator's extender over HTTP
     method: str = "vgpu"
+    scheduler_config: Path | None = None  # through-scheduler: None = deploy/k8s's
 
 
 def run_job(
@@ -38,7 +39,10 @@ def run_job(
         return paper.replay(nodes, pods, job.policy, job.seed, job.demand, progress=progress)
     sequence = arrivals(pods, gpu_capacity(nodes), job.demand, job.seed)
     if job.method == through.METHOD:
-        return through.replay(nodes, sequence, job.policy, job.seed, progress=progress)
+        config = job.scheduler_config or through.DEPLOY_CONFIG
+        return through.replay(
+            nodes, sequence, job.policy, job.seed, config_path=config, progress=progress
+        )
     return replay(nodes, sequence, job.policy, job.seed, cpu_pods=job.cpu_pods, progress=progress)
 
 

@@ -11,13 +11,13 @@ kube-scheduler-scoring.md sections 3, 4, 6, 7 and 8.
 
 from __future__ import annotations
 
-import math
 import random
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 from typing import Any
+
+from services.common.quantity import milli_value, parse_quantity
+from services.common.quantity import value as quantity_value
 
 MAX_NODE_SCORE = 100
 MAX_EXTENDER_PRIORITY = 10
@@ -28,34 +28,12 @@ MIN_FEASIBLE_NODES = 100
 MIN_PERCENTAGE = 5
 CPU, MEMORY, PODS = "cpu", "memory", "pods"
 
-_SUFFIX = {
-    "": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-    "P": 10**15, "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
-    "Pi": 2**50, "Ei": 2**60,
-}  # fmt: skip
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)$")
-
-
-class QuantityError(ValueError):
-    pass
-
 
 def quantity(value: Any, milli: bool = False) -> int:
     """A resource.Quantity as an integer (in thousandths when `milli`), rounded up as
-    kube-scheduler's MilliValue()/Value() do."""
-    text = str(value).strip()
-    match = _QUANTITY.match(text)
-    if (
-        not match
-        or match.group(2) not in _SUFFIX
-        or ("e" in match.group(1).lower() and match.group(2))
-    ):
-        raise QuantityError(f"not a quantity: {value!r}")
-    try:
-        number = Decimal(match.group(1)) * Decimal(_SUFFIX[match.group(2)])
-    except InvalidOperation as exc:
-        raise QuantityError(f"not a quantity: {value!r}") from exc
-    return math.ceil(number * 1000 if milli else number)
+    kube-scheduler's MilliValue()/Value() do; QuantityError names a malformed one."""
+    amount = parse_quantity(value)
+    return milli_value(amount) if milli else quantity_value(amount)
 
 
 @dataclass(frozen=True)

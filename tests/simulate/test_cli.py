@@ -105,3 +105,18 @@ def test_method_paper_replays_the_papers_baselines(tmp_path: Path) -> None:
         main, ["simulate", *files(tmp_path), "--method", "paper", "--policy", "hostpack"]
     )
     assert refused.exit_code != 0 and "for --method paper" in refused.output
+
+
+def test_through_scheduler_prints_the_same_row_for_the_real_path(tmp_path: Path) -> None:
+    args = ["simulate", *files(tmp_path), "--through-scheduler", "--seed", "2", "--json"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    (row,) = [json.loads(line) for line in result.output.splitlines()]
+    assert list(row) == KEYS
+    assert (row["policy"], row["method"]) == ("hostpack", "through-scheduler")
+    assert 0 < row["alloc_at_100"] <= 100
+    mixed = CliRunner().invoke(main, [*args, "--method", "paper"])
+    assert mixed.exit_code != 0 and "cannot be combined" in mixed.output
+    alone = CliRunner().invoke(main, ["simulate", *files(tmp_path), "--scheduler-config",
+                                      str(tmp_path / "nodes.yaml")])  # fmt: skip
+    assert alone.exit_code != 0 and "only with --through-scheduler" in alone.output

@@ -9,12 +9,12 @@ from collections import Counter
 
 import pytest
 
+from services.common.quantity import QuantityError
 from services.simulators.kube_scoring import (
     DEFAULT_MEMORY,
     DEFAULT_MILLI_CPU,
     NodeInfo,
     PodDemand,
-    QuantityError,
     balanced_allocation,
     extender_total,
     fit_problem,
