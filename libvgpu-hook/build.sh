@@ -40,7 +40,7 @@ mkdir -p "$OUT/sim" "$OUT/tests"
 
 HOOK_SOURCES="src/functions.c src/interpose.c src/state.c src/config.c src/limits.c src/region.c
     src/track.c src/memory.c src/pool.c src/vmm.c src/graph_memory.c src/context.c src/procaddr.c src/launch.c src/limiter.c src/relay.c
-    src/relay_msg.c src/nvml.c src/log.c"
+    src/relay_msg.c src/nvml.c src/log.c src/fork.c"
 
 # Independent compilations run in parallel; `wait` collects them.
 pids=""
@@ -63,13 +63,20 @@ ln -sf libnvidia-ml.so.1 "$OUT/sim/libnvidia-ml.so"
 # LD_LIBRARY_PATH at it too, as a container's libraries would be found).
 LINK_SIM="-L$OUT/sim -lcuda -Wl,-rpath,\$ORIGIN/../sim -pthread"
 pids=""
-for prog in alloc_limit mem_paths mem_life launch_load; do
+for prog in alloc_limit mem_paths mem_life launch_load fork_race; do
     # shellcheck disable=SC2086
     cc "$OUT/tests/$prog" "tests/$prog.c" $LINK_SIM -ldl &
     pids="$pids $!"
 done
 # shellcheck disable=SC2086
 cc "$OUT/tests/nvml_query" tests/nvml_query.c -ldl &
+pids="$pids $!"
+# Loader and fork safety reproducers (tests/hook/test_loader_fork.py).
+# shellcheck disable=SC2086
+cc "$OUT/tests/libdl_race_plugin.so" -shared tests/dl_race_plugin.c -ldl &
+pids="$pids $!"
+# shellcheck disable=SC2086
+cc "$OUT/tests/dl_race" tests/dl_race.c -ldl -pthread &
 pids="$pids $!"
 # Unit tests of the policy code, without interception.
 # shellcheck disable=SC2086

@@ -4,6 +4,7 @@
  * memory queries report the container's slice. */
 #include <pthread.h>
 
+#include "fork.h"
 #include "functions.h"
 #include "launch.h"
 #include "log.h"
@@ -11,7 +12,7 @@
 #include "relay.h"
 #include "state.h"
 
-static pthread_once_t started_once = PTHREAD_ONCE_INIT;
+static int started;
 
 static void check_device_count(void)
 {
@@ -39,8 +40,11 @@ CUresult cuInit(unsigned int flags)
     if (!vgpu_ready())
         return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = real(flags);
-    if (rc == CUDA_SUCCESS)
-        pthread_once(&started_once, start);
+    /* The first to succeed starts; the others do not wait for it (no
+     * once-lock: a cuInit from a library constructor, under the loader lock,
+     * must not wait for a thread that may be waiting for the loader). */
+    if (rc == CUDA_SUCCESS && !__atomic_exchange_n(&started, 1, __ATOMIC_ACQ_REL))
+        start();
     return rc;
 }
 
@@ -217,6 +221,8 @@ static struct {
     int refs;
     CUcontext ctx;
 } primary[VGPU_MAX_DEVICES];
+/* Held while charging (slot_mu) and dropping tracked objects: locked first. */
+VGPU_FORK_LOCK(primary_mu, &primary_mu, VGPU_FORK_RANK_OUTER);
 
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {

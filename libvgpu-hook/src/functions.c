@@ -4,7 +4,6 @@
 #include "functions.h"
 
 #include <dlfcn.h>
-#include <pthread.h>
 #include <string.h>
 
 #include "log.h"
@@ -35,11 +34,18 @@ static const struct {
 
 static const char *const sonames[] = {[CUDA] = "libcuda.so.1", [NVML] = "libnvidia-ml.so.1"};
 static void *functions[VGPU_FN_COUNT];
-static pthread_once_t resolve_once[2] = {PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT};
+/* Per library: set (release) once functions[] holds its entries. */
+static int resolved[2];
 /* Set while this thread resolves: a library's constructors may call dlsym,
- * which must then not wait for the resolution it is part of. */
-static _Thread_local int resolving;
+ * which then answers without interception instead of recursing. Initial-exec:
+ * the hook is preloaded, so its TLS is static and never allocated lazily. */
+static _Thread_local int resolving __attribute__((tls_model("initial-exec")));
 
+/* Loader safety (README, "Loader and fork safety"): this runs from dlsym,
+ * possibly inside a library constructor while the loader holds its lock, so
+ * there is no once-lock: a thread that finds the library unresolved resolves
+ * it itself. Concurrent resolutions find the same functions (the loader
+ * serialises them and a soname is loaded once), so the stores agree. */
 static void resolve(enum library lib)
 {
     void *handle = NULL;
@@ -56,27 +62,21 @@ static void resolve(enum library lib)
         }
         if (!fn && handle)
             fn = vgpu_real_dlsym(handle, table[i].name);
-        functions[i] = fn; /* NULL: an older driver without this entry point */
+        /* NULL: an older driver without this entry point */
+        __atomic_store_n(&functions[i], fn, __ATOMIC_RELAXED);
     }
+    __atomic_store_n(&resolved[lib], 1, __ATOMIC_RELEASE);
     resolving = 0;
-}
-
-static void resolve_cuda(void)
-{
-    resolve(CUDA);
-}
-
-static void resolve_nvml(void)
-{
-    resolve(NVML);
 }
 
 void *vgpu_real(enum vgpu_fn id)
 {
     if (resolving)
         return NULL;
-    pthread_once(&resolve_once[table[id].lib], table[id].lib == CUDA ? resolve_cuda : resolve_nvml);
-    return functions[id];
+    enum library lib = table[id].lib;
+    if (!__atomic_load_n(&resolved[lib], __ATOMIC_ACQUIRE))
+        resolve(lib);
+    return __atomic_load_n(&functions[id], __ATOMIC_RELAXED);
 }
 
 int vgpu_fn_by_name(const char *name)

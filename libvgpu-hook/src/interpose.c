@@ -13,9 +13,15 @@
  * address still on the stack, so the real one sees the original caller.
  * Elsewhere a C wrapper does the same minus that guarantee (README).
  *
- * The real dlsym is found with dlvsym, which is not interposed. */
+ * The real dlsym is found with dlvsym, which is not interposed, in the
+ * hook's constructor. Loader safety: this code runs inside the loader's own
+ * critical sections (a library's constructor calling dlsym while dlopen holds
+ * the loader lock), so it takes no lock of its own and never waits for
+ * another thread: a lookup before the constructor ran (another preloaded
+ * library's start-up) repeats the idempotent dlvsym and publishes it with an
+ * atomic store. A once-lock here deadlocked: thread A inside the once waiting
+ * for the loader lock, thread B holding the loader lock waiting for the once. */
 #include <dlfcn.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,28 +38,39 @@ typedef void *(*dlsym_fn)(void *, const char *);
 __attribute__((used)) dlsym_fn vgpu_real_dlsym_fn;
 __attribute__((used)) void *vgpu_dlsym_intercept(void *handle, const char *name);
 
-static pthread_once_t find_once = PTHREAD_ONCE_INIT;
-
-EARLY static void find_real_dlsym(void)
+/* glibc's dlsym. Lock-free and idempotent: every caller that finds it unset
+ * looks it up itself (all find the same function). */
+EARLY static dlsym_fn real_dlsym(void)
 {
+    dlsym_fn fn = __atomic_load_n(&vgpu_real_dlsym_fn, __ATOMIC_ACQUIRE);
+    if (fn)
+        return fn;
     static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"};
-    for (size_t i = 0; i < sizeof versions / sizeof versions[0] && !vgpu_real_dlsym_fn; i++)
-        vgpu_real_dlsym_fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", versions[i]);
-    if (!vgpu_real_dlsym_fn) {
+    for (size_t i = 0; i < sizeof versions / sizeof versions[0] && !fn; i++)
+        fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+    if (!fn) {
         vgpu_log_error("cannot find glibc's dlsym; aborting");
         abort();
     }
+    __atomic_store_n(&vgpu_real_dlsym_fn, fn, __ATOMIC_RELEASE);
+    return fn;
+}
+
+/* Runs while the process is still single-threaded (preload constructors run
+ * before main), so that later lookups find it already set. */
+EARLY __attribute__((constructor)) static void find_real_dlsym_early(void)
+{
+    real_dlsym();
 }
 
 EARLY void *vgpu_real_dlsym(void *handle, const char *name)
 {
-    pthread_once(&find_once, find_real_dlsym);
-    return vgpu_real_dlsym_fn(handle, name);
+    return real_dlsym()(handle, name);
 }
 
 EARLY void *vgpu_dlsym_intercept(void *handle, const char *name)
 {
-    pthread_once(&find_once, find_real_dlsym);
+    dlsym_fn next = real_dlsym(); /* the trampoline jumps to it on NULL */
     /* The global scope already finds the preloaded interposers first; RTLD_NEXT
      * is left to glibc with the caller's identity (see above). */
     if (!name || handle == RTLD_NEXT || handle == RTLD_DEFAULT)
@@ -63,7 +80,7 @@ EARLY void *vgpu_dlsym_intercept(void *handle, const char *name)
     int id = vgpu_fn_by_name(name);
     if (id < 0 || !vgpu_fn_hook(id))
         return NULL;
-    void *theirs = vgpu_real_dlsym_fn(handle, name);
+    void *theirs = next(handle, name);
     /* Only the driver's own function is replaced: another library that
      * happens to export the same name is left alone. */
     if (!theirs || theirs != vgpu_real(id))
@@ -103,6 +120,6 @@ __asm__(".text\n"
 VGPU_EXPORT void *dlsym(void *handle, const char *name)
 {
     void *mine = vgpu_dlsym_intercept(handle, name);
-    return mine ? mine : vgpu_real_dlsym_fn(handle, name);
+    return mine ? mine : real_dlsym()(handle, name);
 }
 #endif

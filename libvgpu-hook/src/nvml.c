@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "fork.h"
 #include "functions.h"
 #include "log.h"
 #include "state.h"
@@ -23,6 +24,7 @@ static pthread_mutex_t map_mu = PTHREAD_MUTEX_INITIALIZER;
 static int mapped;  /* 1: visible[] holds the container's devices; -1: keep numbering */
 static int visible_count;
 static nvmlDevice_t visible[VGPU_MAX_DEVICES];
+VGPU_FORK_LOCK(map_mu, &map_mu, VGPU_FORK_RANK_LEAF);
 
 /* Builds the map once NVML answers (it cannot before nvmlInit). */
 static int device_map(void)

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fork.h"
 #include "functions.h"
 #include "launch.h"
 #include "log.h"
@@ -236,7 +237,7 @@ static void stop(void)
 }
 
 /* A forked child has no relay thread; it must not wait for its parent's. */
-static void after_fork_in_child(void)
+void vgpu_relay_after_fork_in_child(void)
 {
     started = 0;
 }
@@ -262,6 +263,5 @@ void vgpu_relay_start(void)
         return;
     }
     started = 1;
-    pthread_atfork(NULL, NULL, after_fork_in_child);
     atexit(stop);
 }

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "fork.h"
 #include "functions.h"
 #include "log.h"
 
@@ -19,6 +20,8 @@ static pthread_once_t ready_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t slot_mu = PTHREAD_MUTEX_INITIALIZER;
 static int slot = -1;
 static pid_t slot_pid;
+VGPU_FORK_LOCK(slot_mu, &slot_mu, VGPU_FORK_RANK_LEAF);
+VGPU_FORK_LOCK(objects_mu, &vgpu_objects.mu, VGPU_FORK_RANK_LEAF);
 
 static void leave_region(void)
 {
@@ -31,9 +34,8 @@ static void leave_region(void)
 
 /* A forked child is another process: it must not give back its parent's
  * holdings at exit, and takes its own slot if it uses CUDA. */
-static void after_fork_in_child(void)
+void vgpu_state_after_fork_in_child(void)
 {
-    pthread_mutex_init(&slot_mu, NULL);
     slot = -1;
 }
 
@@ -53,6 +55,10 @@ static void join_region(void)
     }
 }
 
+/* Runs under ready_once, which other threads wait for: it must never call
+ * into the loader (no REAL(), dlopen or dlsym), or a thread holding the loader
+ * lock (a library constructor) that calls an interposer would wait for a
+ * thread that waits for that lock. */
 static void load(void)
 {
     limits_known = vgpu_load_config(&vgpu_cfg) == 0;
@@ -60,7 +66,6 @@ static void load(void)
         return;
     join_region();
     atexit(leave_region);
-    pthread_atfork(NULL, NULL, after_fork_in_child);
 }
 
 int vgpu_ready(void)
