@@ -315,3 +315,20 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device
     }
     return NVML_SUCCESS;
 }
+
+/* A forked child must not inherit mu locked by a thread it does not have:
+ * held across fork, released on both sides. */
+static void fork_lock(void)
+{
+    pthread_mutex_lock(&mu);
+}
+
+static void fork_unlock(void)
+{
+    pthread_mutex_unlock(&mu);
+}
+
+__attribute__((constructor)) static void sim_register_fork_handlers(void)
+{
+    pthread_atfork(fork_lock, fork_unlock, fork_unlock);
+}

@@ -221,8 +221,8 @@ static struct {
     int refs;
     CUcontext ctx;
 } primary[VGPU_MAX_DEVICES];
-/* Held while charging (slot_mu) and dropping tracked objects: locked first. */
-VGPU_FORK_LOCK(primary_mu, &primary_mu, VGPU_FORK_RANK_OUTER);
+/* Held across driver calls. */
+VGPU_FORK_RESET(primary_mu, &primary_mu);
 
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {

@@ -3,41 +3,58 @@
  * atfork lock inside the hook's own paths. */
 #include "fork.h"
 
-#include <stddef.h>
+#include <stdlib.h>
 
-/* Bounds of the section, provided by the linker. */
-extern const struct vgpu_fork_lock __start_vgpu_fork_locks[] __attribute__((visibility("hidden")));
-extern const struct vgpu_fork_lock __stop_vgpu_fork_locks[] __attribute__((visibility("hidden")));
+#include "log.h"
 
-/* At least one entry, so that the section (and its bounds) always exists. */
-static pthread_mutex_t unused_mu = PTHREAD_MUTEX_INITIALIZER;
-VGPU_FORK_LOCK(unused_mu, &unused_mu, VGPU_FORK_RANK_LEAF);
+#define MAX_LOCKS 32
 
-static void lock_all(void)
+static struct {
+    pthread_mutex_t *mutex;
+    int hold;
+} locks[MAX_LOCKS];
+static int lock_count;
+
+void vgpu_fork_register(pthread_mutex_t *mutex, int hold)
 {
-    for (int rank = 0; rank <= VGPU_FORK_RANK_MAX; rank++)
-        for (const struct vgpu_fork_lock *l = __start_vgpu_fork_locks; l < __stop_vgpu_fork_locks;
-             l++)
-            if (l->rank == rank)
-                pthread_mutex_lock(l->mutex);
+    if (lock_count == MAX_LOCKS) {
+        vgpu_log_error("more than %d fork-guarded mutexes: raise MAX_LOCKS in fork.c", MAX_LOCKS);
+        abort();
+    }
+    locks[lock_count].mutex = mutex;
+    locks[lock_count].hold = hold;
+    lock_count++;
+}
+
+/* Leaves are never held while another is taken, so any order is deadlock-free. */
+static void before_fork(void)
+{
+    for (int i = 0; i < lock_count; i++)
+        if (locks[i].hold)
+            pthread_mutex_lock(locks[i].mutex);
 }
 
 /* Default (non-robust, non-checking) mutexes: the child's only thread may
  * unlock what the forking thread locked. */
-static void unlock_all(void)
+static void after_fork_in_parent(void)
 {
-    for (const struct vgpu_fork_lock *l = __start_vgpu_fork_locks; l < __stop_vgpu_fork_locks; l++)
-        pthread_mutex_unlock(l->mutex);
+    for (int i = 0; i < lock_count; i++)
+        if (locks[i].hold)
+            pthread_mutex_unlock(locks[i].mutex);
 }
 
-static void in_child(void)
+static void after_fork_in_child(void)
 {
-    unlock_all();
+    for (int i = 0; i < lock_count; i++)
+        if (locks[i].hold)
+            pthread_mutex_unlock(locks[i].mutex);
+        else
+            pthread_mutex_init(locks[i].mutex, NULL);
     vgpu_state_after_fork_in_child();
     vgpu_relay_after_fork_in_child();
 }
 
 __attribute__((constructor)) static void register_fork_handlers(void)
 {
-    pthread_atfork(lock_all, unlock_all, in_child);
+    pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
 }

@@ -1,34 +1,37 @@
-/* Fork safety: the hook's process-private mutexes are held across fork, so a
- * child never inherits one locked by a thread it does not have (that child
- * hung forever at its next allocation; issue 13).
+/* Fork safety: a child never inherits one of the hook's mutexes locked by a
+ * thread it does not have (such a child hung forever at its next allocation;
+ * issue 13). Each process-private mutex is declared once, at file scope, as
+ * one of two kinds:
  *
- * A module declares each of its mutexes once, at file scope:
- *     VGPU_FORK_LOCK(primary_mu, &primary_mu, VGPU_FORK_RANK_OUTER);
- * Before fork the hook locks them all, lowest rank first (rank = lock order:
- * a mutex held while taking another has the lower rank); after fork both
- * parent and child unlock them. Leaves (held while taking no other registered
- * mutex) use VGPU_FORK_RANK_LEAF. Not registered: the region's robust,
- * process-shared lock (its owner may be another process, which releases it),
- * and mutexes only ever try-locked.
+ *   VGPU_FORK_HOLD(id, &mutex)   a leaf: never held while calling the driver,
+ *       NVML or anything else that may wait for another library's lock. Taken
+ *       before fork (so what it guards is consistent in the child) and
+ *       released after it, in parent and child.
+ *   VGPU_FORK_RESET(id, &mutex)  held across driver calls: taking it before
+ *       fork could deadlock against the driver's own fork handlers, so the
+ *       child re-initialises it instead (what it guards must be plain values
+ *       that stay meaningful if an update was cut short).
  *
- * Per-process state a child must not inherit is reset by the child handlers
- * listed in fork.c (a child's slot in the region, the relay thread). */
+ * Not registered: the region's robust process-shared lock (its owner may be
+ * another process, which releases it) and mutexes that are only try-locked.
+ * Per-process state a child must not keep (its slot, the relay thread) is
+ * reset by the child handlers listed in fork.c. */
 #ifndef VGPU_FORK_H
 #define VGPU_FORK_H
 
 #include <pthread.h>
 
-struct vgpu_fork_lock {
-    pthread_mutex_t *mutex;
-    int rank;
-};
+/* Registers a mutex (at load time, from a constructor: single-threaded). */
+void vgpu_fork_register(pthread_mutex_t *mutex, int hold);
 
-enum { VGPU_FORK_RANK_OUTER = 0, VGPU_FORK_RANK_LEAF = 10, VGPU_FORK_RANK_MAX = 10 };
-
-/* One entry in the "vgpu_fork_locks" section, which fork.c walks. */
-#define VGPU_FORK_LOCK(id, mutex_ptr, lock_rank)                                               \
-    __attribute__((used, section("vgpu_fork_locks"), aligned(sizeof(void *)))) static const  \
-    struct vgpu_fork_lock vgpu_fork_lock_##id = {(mutex_ptr), (lock_rank)}
+#define VGPU_FORK_ENTRY_(id, mutex_ptr, hold)                                                  \
+    __attribute__((constructor)) static void vgpu_fork_register_##id(void)                     \
+    {                                                                                          \
+        vgpu_fork_register((mutex_ptr), (hold));                                               \
+    }                                                                                          \
+    _Static_assert(1, "")
+#define VGPU_FORK_HOLD(id, mutex_ptr) VGPU_FORK_ENTRY_(id, mutex_ptr, 1)
+#define VGPU_FORK_RESET(id, mutex_ptr) VGPU_FORK_ENTRY_(id, mutex_ptr, 0)
 
 /* Child-side resets, called by fork.c's child handler (single-threaded child). */
 void vgpu_state_after_fork_in_child(void);

@@ -24,7 +24,8 @@ static pthread_mutex_t map_mu = PTHREAD_MUTEX_INITIALIZER;
 static int mapped;  /* 1: visible[] holds the container's devices; -1: keep numbering */
 static int visible_count;
 static nvmlDevice_t visible[VGPU_MAX_DEVICES];
-VGPU_FORK_LOCK(map_mu, &map_mu, VGPU_FORK_RANK_LEAF);
+/* Held while asking NVML. */
+VGPU_FORK_RESET(map_mu, &map_mu);
 
 /* Builds the map once NVML answers (it cannot before nvmlInit). */
 static int device_map(void)

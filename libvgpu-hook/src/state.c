@@ -20,8 +20,8 @@ static pthread_once_t ready_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t slot_mu = PTHREAD_MUTEX_INITIALIZER;
 static int slot = -1;
 static pid_t slot_pid;
-VGPU_FORK_LOCK(slot_mu, &slot_mu, VGPU_FORK_RANK_LEAF);
-VGPU_FORK_LOCK(objects_mu, &vgpu_objects.mu, VGPU_FORK_RANK_LEAF);
+VGPU_FORK_HOLD(slot_mu, &slot_mu);
+VGPU_FORK_HOLD(objects_mu, &vgpu_objects.mu);
 
 static void leave_region(void)
 {
