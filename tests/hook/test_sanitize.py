@@ -33,6 +33,9 @@ def test_hook_tests_pass_under_asan_and_ubsan(build: Path) -> None:
         "a_shared_vmm_allocation_is_counted_once_in_the_container[link]",
     ):
         tests.append(f"{lifetimes}::test_{case}")
+    tests.append(
+        str(here / "test_loader_fork.py::test_dl_race_answers_driver_lookups_with_the_hook")
+    )
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
         env={**os.environ, "SANITIZE": "1"},
