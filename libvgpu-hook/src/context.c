@@ -323,6 +323,7 @@ static int assign(struct vgpu_object *o, void *arg)
 }
 
 static pthread_mutex_t limit_mu = PTHREAD_MUTEX_INITIALIZER;
+VGPU_FORK_RESET(limit_mu, &limit_mu); /* held across driver calls (fork.h) */
 
 /* The malloc heap, the printf FIFO and the stack (per resident thread) take
  * device memory: a larger limit is charged before the driver is asked, and

@@ -19,11 +19,13 @@
  * (graph_memory.c). */
 #include <pthread.h>
 
+#include "fork.h"
 #include "log.h"
 #include "memory.h"
 
 /* Serialises this process's pool bookkeeping (not the driver's allocations). */
 static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+VGPU_FORK_RESET(pool_mu, &pool_mu); /* held across driver calls (fork.h) */
 
 static int assign(struct vgpu_object *o, void *arg)
 {
