@@ -444,15 +444,29 @@ class PlacementCore:
         node that has room for its CPU, memory and one more pod. A node vgpu has no inventory
         of has no GPUs to strand: 0, the best a host score gets. Policies without a host
         score rank every node alike (0)."""
-        score = getattr(self.policies_of(pod)[0], "cpu_pod_score", None)
+        scores = getattr(self.policies_of(pod)[0], "cpu_pod_scores", None)
         get = self.cluster.lookup()
+        cpu, memory = pod.cpu_milli, pod.memory_mib
         raw: dict[str, float] = {}
+        fitting: list[NodeState] = []
         for name in node_names:
             node = get(name)
             if node is None:
                 raw[name] = 0.0
-            elif host_problem(node, pod) is None:
-                raw[name] = 0.0 if score is None else score(node, pod)
+            elif not (
+                (node.max_pods and node.used_pods >= node.max_pods)
+                or (cpu and node.cpu_milli and cpu > node.cpu_milli - node.used_cpu_milli)
+                or (
+                    memory
+                    and node.host_memory_mib
+                    and memory > node.host_memory_mib - node.used_memory_mib
+                )
+            ):  # host_problem, inlined: this runs for thousands of nodes per call
+                fitting.append(node)
+        if scores is None:
+            raw.update((node.name, 0.0) for node in fitting)
+        else:
+            raw.update(scores(pod, fitting))
         return raw
 
     def prioritize(self, pod: PodRequest, node_names: Iterable[str]) -> dict[str, int]:

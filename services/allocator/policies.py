@@ -13,7 +13,7 @@ Built in: ``binpack`` and ``spread`` (node and GPU level, as HAMi), ``topology``
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -321,12 +321,31 @@ class HostPack(Binpack):
     def cpu_pod_score(self, node: NodeState, pod: PodRequest) -> float:
         """A pod without GPUs: minus `weight` x how much its CPU grows the node's stranded
         GPUs (0 where nothing is stranded, or the node has no GPUs or states no CPU)."""
-        if not node.cpu_milli or not node.gpus:
-            return 0.0
-        usable = self.usable_gpus(node)
-        cpu = node.cpu_milli - node.used_cpu_milli
-        growth = self.stranded(usable, cpu - pod.cpu_milli) - self.stranded(usable, cpu)
-        return -self.weight * round(growth, 9)
+        return self.cpu_pod_scores(pod, [node])[node.name]
+
+    def cpu_pod_scores(self, pod: PodRequest, nodes: Iterable[NodeState]) -> dict[str, float]:
+        """cpu_pod_score of each node, in one pass (prioritize sends thousands of nodes):
+        nodes alike in usable free GPUs and free CPU share one computation."""
+        need = pod.cpu_milli
+        memo: dict[tuple[float, int], float] = {}
+        scores: dict[str, float] = {}
+        for node in nodes:
+            total = node.cpu_milli
+            if not total or not node.gpus:
+                scores[node.name] = 0.0
+                continue
+            cached = node.cache.get(_USABLE_KEY)
+            if cached is None or cached[0] != node.version:
+                cached = (node.version, sum(self.usable(g.state_key()) for g in node.gpus))
+                node.cache[_USABLE_KEY] = cached
+            key = (cached[1], total - node.used_cpu_milli)  # type: ignore[index]
+            value = memo.get(key)
+            if value is None:
+                usable, cpu = key
+                growth = self.stranded(usable, cpu - need) - self.stranded(usable, cpu)
+                value = memo[key] = -self.weight * round(growth, 9)
+            scores[node.name] = value
+        return scores
 
     def usable_gpus(self, node: NodeState) -> float:
         """The node's usable free GPUs (memoised per node version: GPU state only)."""
