@@ -243,3 +243,36 @@ def test_uuid_selection_is_never_shared_between_equivalent_nodes() -> None:
     only_b["metadata"]["annotations"] = {"nvidia.com/use-gpuuuid": "GPU-b-0"}
     outcome = core.filter(core.parse(only_b), ["a", "b"])
     assert outcome.passed == ["b"] and "a" in outcome.unresolvable
+
+
+def cpu_only(name: str, cpu: str, memory: str = "1Gi") -> dict[str, Any]:
+    return pod(name, [{"name": "m", "resources": {"requests": {"cpu": cpu, "memory": memory}}}])
+
+
+def test_pods_without_gpus_are_scored_where_their_cpu_strands_no_gpu() -> None:
+    """hostpack's host score for a pod without GPUs: a node whose GPUs are all taken (full)
+    or that vgpu has no inventory of (unknown) loses nothing; a node whose free GPUs would be
+    left without CPU to feed them (free) scores lower; a node without room scores 0."""
+    fields = {"cpu_milli": 64000, "host_memory_mib": 262144, "max_pods": 110}
+    core = make_core(node("full", **fields), node("free", **fields),
+                     node("crowded", **{**fields, "max_pods": 1}), policy="hostpack")  # fmt: skip
+    place(core, pod("whole", [container("m", gpus=4)]), on="full")
+    place(core, cpu_only("web", "1"), on="crowded")
+    request = core.parse(cpu_only("batch", "40"))
+    assert request.cpu_milli == 40000 and not request.containers
+    names = ["free", "full", "unknown", "crowded"]
+    assert core.prioritize(request, names) == {"free": 0, "full": 10, "unknown": 10, "crowded": 0}
+    raw = core.cpu_pod_scores(request, names)
+    assert raw["full"] == raw["unknown"] == 0.0 > raw["free"] and "crowded" not in raw
+    # Among the best, the most CPU and memory left (LeastAllocated), then the name.
+    assert core.best_node(request, names) == "unknown"
+    assert core.best_node(request, ["free", "full"]) == "full"
+    small = core.parse(cpu_only("tiny", "100m"))
+    assert core.prioritize(small, ["free", "full"]) == {"free": 10, "full": 10}
+
+
+def test_binpack_ranks_pods_without_gpus_alike() -> None:
+    core = make_core(node("a", cpu_milli=8000), node("b", cpu_milli=8000))
+    request = core.parse(cpu_only("web", "1"))
+    assert core.prioritize(request, ["a", "b"]) == {"a": 10, "b": 10}
+    assert core.prioritize(core.parse(cpu_only("big", "9")), ["a", "b"]) == {"a": 0, "b": 0}

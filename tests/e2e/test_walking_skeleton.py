@@ -165,9 +165,13 @@ async def test_pods_without_gpus_are_scored_by_the_extender_and_counted(
     whole-node pod holds) rather than onto node-1's free GPUs' CPU (where equal scores, or
     LeastAllocated, would put it); the allocator then counts its CPU on that node."""
     assert cluster.allocator is not None
-    small = await submit(_pod("small", "1", **{"nvidia.com/gpumem": "4Ki"}), cluster.state())
+    small = await submit(
+        _pod("small", "1", **{"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4Ki"}), cluster.state()
+    )
     whole = await submit(_pod("whole", "2", **{"nvidia.com/gpu": "4"}), cluster.state())
     assert (small.node, whole.node) == ("node-1", "node-2")
+    # "4Ki" as the API server may store it: 4096 MiB reach the hook's limit file.
+    assert small.containers[0].limits["device.0.memory_limit_mib"] == "4096"
     filters, binds, scores = (_extender_calls(v) for v in ("filter", "bind", "prioritize"))
     web = await submit(_pod("web", "40"), cluster.state())
     assert web.node == "node-2" and web.reason == ""
