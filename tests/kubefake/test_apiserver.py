@@ -124,3 +124,69 @@ async def test_events_and_nodes(api: FakeApiServer) -> None:
     await asyncio.to_thread(core.create_namespaced_event, "ns", event, _preload_content=False)
     (kept,) = api.events
     assert kept["reason"] == "R" and kept["metadata"]["name"].startswith("p.")
+
+
+BOUND_RUNNING = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+
+
+async def test_field_selectors_list_and_watch_as_the_watch_cache_does(api: FakeApiServer) -> None:
+    """A pod is ADDED to a selected watch when it starts to match (bound), MODIFIED while it
+    matches, DELETED (with its last matching content) when it stops (ended) or is deleted."""
+    core = core_api(api)
+    listed = await asyncio.to_thread(core.list_pod_for_all_namespaces)
+    start = listed.metadata.resource_version
+    await api.create_pod({"metadata": {"name": "a", "namespace": "ns"}})
+    await api.create_pod({"metadata": {"name": "b", "namespace": "ns"}})
+    for name in ("a", "b"):
+        binding = {"target": {"kind": "Node", "name": "n1"}, "metadata": {"name": name}}
+        await asyncio.to_thread(
+            core.create_namespaced_pod_binding, name, "ns", binding, _preload_content=False
+        )
+    await api.set_phase("ns", "a", "Running")
+    await api.set_phase("ns", "a", "Succeeded")
+    await api.delete_pod("ns", "b")
+
+    def watch(selector: str) -> list[tuple[str, str, str]]:
+        seen = []
+        for event in k8s_watch.Watch().stream(
+            core.list_pod_for_all_namespaces, resource_version=start, timeout_seconds=1,
+            field_selector=selector,
+        ):  # fmt: skip
+            raw = event["raw_object"]
+            seen.append((event["type"], raw["metadata"]["name"],
+                         (raw.get("status") or {}).get("phase", "")))  # fmt: skip
+        return seen
+
+    assert await asyncio.to_thread(watch, BOUND_RUNNING) == [
+        ("ADDED", "a", "Pending"),
+        ("ADDED", "b", "Pending"),
+        ("MODIFIED", "a", "Running"),
+        ("DELETED", "a", "Running"),  # the last content that matched
+        ("DELETED", "b", "Pending"),
+    ]
+    await api.create_pod({"metadata": {"name": "c", "namespace": "ns"}, "spec": {"nodeName": "n2"}})
+    selected = await asyncio.to_thread(
+        core.list_pod_for_all_namespaces, field_selector="spec.nodeName=n2"
+    )
+    assert [p.metadata.name for p in selected.items] == ["c"]
+    with pytest.raises(ApiException) as unknown:
+        await asyncio.to_thread(core.list_pod_for_all_namespaces, field_selector="spec.image=x")
+    assert unknown.value.status == 400
+
+
+async def test_nodes_watch_with_allocatable(api: FakeApiServer) -> None:
+    core = core_api(api)
+    start = (await asyncio.to_thread(core.list_node)).metadata.resource_version
+    api.add_node("n1", allocatable={"cpu": "8", "memory": "32Gi", "pods": "110"})
+    await api.set_allocatable("n1", {"cpu": "7", "memory": "32Gi", "pods": "110"})
+    await api.delete_node("n1")
+
+    def watch() -> list[tuple[str, str]]:
+        return [
+            (event["type"], event["raw_object"]["status"]["allocatable"]["cpu"])
+            for event in k8s_watch.Watch().stream(
+                core.list_node, resource_version=start, timeout_seconds=1
+            )
+        ]
+
+    assert await asyncio.to_thread(watch) == [("ADDED", "8"), ("MODIFIED", "7"), ("DELETED", "7")]

@@ -183,3 +183,19 @@ async def test_unreachable_extender_is_an_error() -> None:
     finally:
         await simulator.close()
     assert result.node is None and "filter: cannot reach" in result.error
+
+
+def test_is_interested_as_kube_scheduler_decides() -> None:
+    """An extender entry with managedResources is called only for pods that name one in a
+    container's or init container's requests or limits; one without takes every pod."""
+    from services.simulators.scheduler import interested
+
+    managed = frozenset({"nvidia.com/gpumem"})
+    plain = pod("web", [{"name": "m", "resources": {"limits": {"cpu": "1"}}}])
+    in_requests = pod("a", [{"name": "m", "resources": {"requests": {"nvidia.com/gpumem": 1}}}])
+    in_init = pod("b", [{"name": "m"}], init=[container("i", gpus=None, mem=100)])
+    assert not interested(plain, managed)
+    assert interested(in_requests, managed) and interested(in_init, managed)
+    assert interested(plain, frozenset())
+    with pytest.raises(ValueError, match="api_url"):
+        SchedulerSimulator("http://127.0.0.1:1/scheduler", managed_resources=managed)
