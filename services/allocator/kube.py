@@ -221,9 +221,16 @@ class KubernetesBackend:
                 await handler.on_list(items, started)
                 gone = False
                 while not gone and not self._stopping.is_set():
-                    version, gone = await asyncio.to_thread(
-                        self._watch_once, list_fn, version, deliver, **filters
-                    )
+                    try:
+                        version, gone = await asyncio.to_thread(
+                            self._watch_once, list_fn, version, deliver, **filters
+                        )
+                    except Exception as exc:  # the connection broke: list again, later
+                        log.warning(
+                            "watch interrupted", extra={"resource": what, "error": str(exc)}
+                        )
+                        await asyncio.sleep(1)
+                        gone = True
         finally:
             consumer.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -160,10 +160,12 @@ Change = tuple[int, str, str, dict[str, Any], dict[str, Any] | None]
 
 
 class FakeApiServer:
-    def __init__(self, host: str = "127.0.0.1", keep_changes: int = KEEP_CHANGES) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", keep_changes: int = KEEP_CHANGES, port: int = 0
+    ) -> None:
         self._host = host
         self._runner: web.AppRunner | None = None
-        self._port = 0
+        self._port = port  # 0: any free port
         self.resource_version = 0
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.nodes: dict[str, dict[str, Any]] = {}
@@ -199,7 +201,7 @@ class FakeApiServer:
                 web.get("/api/v1/nodes/{name}", self._get_node),
             ]
         )
-        self._runner, self._port = await serve(app, self._host)
+        self._runner, self._port = await serve(app, self._host, self._port)
 
     async def stop(self) -> None:
         runner, self._runner = self._runner, None

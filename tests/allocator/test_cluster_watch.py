@@ -163,3 +163,36 @@ async def test_cpu_and_pod_slots_taken_by_cpu_pods_keep_gpu_pods_off(
         )
     assert result["NodeNames"] == ["n2"]
     assert "already runs 3 pods, its most (3)" in result["FailedNodes"]["n1"]
+
+
+async def test_the_watch_lists_again_after_the_api_server_was_away(
+    nats_server: EmbeddedNats, bus: Bus
+) -> None:
+    first = FakeApiServer()
+    await first.start()
+    first.add_node("n1", allocatable={"cpu": "8", "memory": "32Gi", "pods": "110"})
+    await first.create_pod(cpu_pod("web-1", "2"))
+    await bind(first, "web-1", "n1")
+    allocator = Allocator(
+        AllocatorSettings(nats_url=nats_server.url, http_port=0, cluster="kubernetes",
+                          kube_api_url=first.url, lease_bucket="")
+    )  # fmt: skip
+    await allocator.start()
+    second = FakeApiServer(port=int(first.url.rsplit(":", 1)[1]))
+    try:
+        await give_nodes(bus, allocator, node_inventory("n1"))
+        assert host(allocator, "n1")[0] == 8000 and host(allocator, "n1")[3] == 2000
+        await first.stop()  # the watches break; the allocator keeps what it knew
+        await asyncio.sleep(0.5)
+        assert host(allocator, "n1")[3] == 2000
+        second.add_node("n1", allocatable={"cpu": "16", "memory": "64Gi", "pods": "110"})
+        await second.create_pod(cpu_pod("web-2", "3"))
+        await second.start()
+        await bind(second, "web-2", "n1")
+        await eventually(
+            lambda: host(allocator, "n1")[0] == 16000 and host(allocator, "n1")[3] == 3000,
+            timeout_s=15,
+        )
+    finally:
+        await allocator.stop()
+        await second.stop()
