@@ -176,3 +176,63 @@ out:
     free(buf);
     return rc;
 }
+
+int vgpu_parse_policy(const char *s, enum vgpu_compute_policy *out)
+{
+    if (strcmp(s, "share") == 0)
+        *out = VGPU_COMPUTE_SHARE;
+    else if (strcmp(s, "hard") == 0)
+        *out = VGPU_COMPUTE_HARD;
+    else if (strcmp(s, "off") == 0)
+        *out = VGPU_COMPUTE_OFF;
+    else
+        return -1;
+    return 0;
+}
+
+int vgpu_hook_conf_parse(FILE *f, const char *path, struct vgpu_hook_conf *out, char *err,
+                         size_t errlen)
+{
+    int rc = -1, line = 0, line_of_version = 0, line_of_wait = 0, line_of_policy = 0;
+    char *buf = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    uint64_t v;
+
+    while ((len = getline(&buf, &cap, f)) != -1) {
+        line++;
+        if (strlen(buf) != (size_t)len)
+            FAIL(line, "NUL byte in line");
+        char *s = trim(buf);
+        if (*s == '\0' || *s == '#')
+            continue;
+        char *eq = strchr(s, '=');
+        if (!eq)
+            FAIL(line, "expected key=value, got '%.64s'", s);
+        *eq = '\0';
+        char *key = trim(s), *val = trim(eq + 1);
+        if (strcmp(key, "version") == 0) {
+            ONCE(line_of_version, key);
+            if (vgpu_parse_u64(val, UINT32_MAX, &v) != 0 || v != VGPU_HOOK_CONF_VERSION)
+                FAIL(line, "unsupported version '%.32s' (this hook reads version=%d)", val,
+                     VGPU_HOOK_CONF_VERSION);
+        } else if (strcmp(key, "limit_wait_ms") == 0) {
+            ONCE(line_of_wait, key);
+            if (vgpu_parse_u64(val, VGPU_MAX_WAIT_MS, &out->limit_wait_ms) != 0)
+                FAIL(line, "limit_wait_ms: '%.32s' is not a number of milliseconds from 0 to %d",
+                     val, VGPU_MAX_WAIT_MS);
+        } else if (strcmp(key, "compute_policy") == 0) {
+            ONCE(line_of_policy, key);
+            if (vgpu_parse_policy(val, &out->policy) != 0)
+                FAIL(line, "compute_policy: '%.32s' is not one of share, hard, off", val);
+        } /* other keys: ignored, for forward compatibility */
+    }
+    if (ferror(f))
+        FAIL(0, "read error: %s", strerror(errno));
+    if (!line_of_version)
+        FAIL(0, "missing required key 'version'");
+    rc = 0;
+out:
+    free(buf);
+    return rc;
+}

@@ -1,6 +1,7 @@
-/* Parser for the container's limit file, written by the node agent.
- * Format and semantics: ../PROTOCOL.md, section "Limit file". Pure policy:
- * no CUDA, no interception, no logging, so it is unit-tested directly. */
+/* Parsers for the files the node agent writes for the hook: the container's
+ * limit file and the hook settings (hook.conf). Formats and semantics:
+ * ../PROTOCOL.md, sections "Limit file" and "Hook settings". Pure policy: no
+ * CUDA, no interception, no logging, so they are unit-tested directly. */
 #ifndef VGPU_LIMITS_H
 #define VGPU_LIMITS_H
 
@@ -10,6 +11,10 @@
 #define VGPU_MAX_DEVICES 64
 #define VGPU_LIMITS_VERSION 1
 #define VGPU_MAX_MEMORY_MIB (UINT64_MAX >> 20) /* so that MiB -> bytes cannot overflow */
+#define VGPU_HOOK_CONF_VERSION 1
+#define VGPU_MAX_WAIT_MS 600000 /* ten minutes: longer is a mistake, not a wait */
+
+enum vgpu_compute_policy { VGPU_COMPUTE_SHARE, VGPU_COMPUTE_HARD, VGPU_COMPUTE_OFF };
 
 struct vgpu_device_limits {
     char uuid[128];
@@ -33,6 +38,20 @@ struct vgpu_limits {
  * "<path>: <problem>" when no single line is at fault). */
 int vgpu_limits_parse(FILE *f, const char *path, struct vgpu_limits *out, char *err,
                       size_t errlen);
+
+/* The hook settings the node agent writes next to the limit file. */
+struct vgpu_hook_conf {
+    uint64_t limit_wait_ms;          /* how long to wait for the limit file */
+    enum vgpu_compute_policy policy;
+};
+
+/* Parses hook.conf from f into out (which holds the defaults on entry: keys
+ * absent from the file keep them). Same contract as vgpu_limits_parse. */
+int vgpu_hook_conf_parse(FILE *f, const char *path, struct vgpu_hook_conf *out, char *err,
+                         size_t errlen);
+
+/* "share", "hard" or "off" to the policy. 0, or -1 for anything else. */
+int vgpu_parse_policy(const char *s, enum vgpu_compute_policy *out);
 
 /* Parses a plain decimal number (digits only, no sign, no spaces) <= max.
  * Returns 0, or -1 if s is not such a number. */

@@ -1,6 +1,7 @@
 #include "region.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -28,14 +29,54 @@ static int init_lock(pthread_mutex_t *m)
     return rc;
 }
 
-struct vgpu_region *vgpu_region_open(const char *path, char *err, size_t errlen)
+_Static_assert(offsetof(struct vgpu_region, lock) == VGPU_REGION_HEADER_BYTES,
+               "the header the node agent writes is magic, layout and size");
+
+struct header {
+    uint64_t magic;
+    uint32_t layout, size;
+};
+
+/* Why a header is neither the agent's (magic, layout 0, size 0: "grow me") nor
+ * this hook's own, or "" if it is one of them. */
+static void judge_header(const struct header *h, char *why, size_t whylen)
+{
+    if (h->magic == 0 && h->layout == 0 && h->size == 0)
+        snprintf(why, whylen, "its header is zeroed (not the node agent's, not this hook's layout)");
+    else if (h->magic != VGPU_REGION_MAGIC)
+        snprintf(why, whylen, "was not written for this hook (magic 0x%016llx, not 0x%016llx)",
+                 (unsigned long long)h->magic, (unsigned long long)VGPU_REGION_MAGIC);
+    else if (h->layout != 0 && h->layout != VGPU_REGION_LAYOUT)
+        snprintf(why, whylen, "has layout %u, not this hook's layout %u", h->layout,
+                 VGPU_REGION_LAYOUT);
+    else if ((h->layout == 0) != (h->size == 0) ||
+             (h->size != 0 && h->size != sizeof(struct vgpu_region)))
+        snprintf(why, whylen, "says layout %u of %u bytes; this hook's layout %u is %zu bytes",
+                 h->layout, h->size, VGPU_REGION_LAYOUT, sizeof(struct vgpu_region));
+}
+
+int vgpu_region_intact(const struct vgpu_region *r)
+{
+    return __atomic_load_n(&r->magic, __ATOMIC_ACQUIRE) == VGPU_REGION_MAGIC &&
+           r->layout == VGPU_REGION_LAYOUT && r->size == sizeof *r;
+}
+
+struct vgpu_region *vgpu_region_open(const char *path, int create, char *err, size_t errlen)
 {
     struct vgpu_region *r = MAP_FAILED;
     struct stat st;
+    struct header h;
     char why[256] = "";
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    /* O_NONBLOCK: a FIFO planted under the name cannot block the open. */
+    int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | (create ? O_CREAT : 0),
+                  0666);
     if (fd < 0) {
-        set_err(err, errlen, path, strerror(errno));
+        if (errno == ELOOP)
+            set_err(err, errlen, path, "is a symbolic link (refused)");
+        else if (errno == ENOENT && !create)
+            set_err(err, errlen, path, "does not exist (the node agent creates it)");
+        else
+            set_err(err, errlen, path, strerror(errno));
         return NULL;
     }
     /* flock serialises first-time initialisation between processes starting
@@ -44,15 +85,38 @@ struct vgpu_region *vgpu_region_open(const char *path, char *err, size_t errlen)
         snprintf(why, sizeof why, "%s", strerror(errno));
         goto out;
     }
-    if (st.st_size == 0) {
-        (void)fchmod(fd, 0666); /* processes of the container may run as other users */
+    if (!S_ISREG(st.st_mode)) {
+        snprintf(why, sizeof why, "is not a regular file");
+        goto out;
+    }
+    if (st.st_size == 0 && create) { /* ours to create: write the header the agent would */
+        (void)fchmod(fd, 0666);      /* processes of the container may run as other users */
+        h = (struct header){.magic = VGPU_REGION_MAGIC};
+        if (pwrite(fd, &h, sizeof h, 0) != (ssize_t)sizeof h) {
+            snprintf(why, sizeof why, "cannot write its header: %s", strerror(errno));
+            goto out;
+        }
+        st.st_size = sizeof h;
+    }
+    if (st.st_size == VGPU_REGION_HEADER_BYTES) { /* the header alone: grow it to our layout */
+        if (pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h) {
+            snprintf(why, sizeof why, "cannot read its header: %s", strerror(errno));
+            goto out;
+        }
+        judge_header(&h, why, sizeof why);
+        if (!why[0] && h.size != 0)
+            snprintf(why, sizeof why, "is only a header but says it is %u bytes", h.size);
+        if (why[0])
+            goto out;
         if (ftruncate(fd, sizeof *r) != 0) {
             snprintf(why, sizeof why, "cannot size it: %s", strerror(errno));
             goto out;
         }
     } else if (st.st_size != (off_t)sizeof *r) {
-        snprintf(why, sizeof why, "is %lld bytes, not the %zu of this hook's layout",
-                 (long long)st.st_size, sizeof *r);
+        snprintf(why, sizeof why,
+                 "is %lld bytes: neither the node agent's %d-byte header nor the %zu of this "
+                 "hook's layout",
+                 (long long)st.st_size, VGPU_REGION_HEADER_BYTES, sizeof *r);
         goto out;
     }
     r = mmap(NULL, sizeof *r, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -60,17 +124,15 @@ struct vgpu_region *vgpu_region_open(const char *path, char *err, size_t errlen)
         snprintf(why, sizeof why, "cannot map it: %s", strerror(errno));
         goto out;
     }
-    if (r->magic == 0) {
+    h = (struct header){.magic = r->magic, .layout = r->layout, .size = r->size};
+    judge_header(&h, why, sizeof why);
+    if (!why[0] && r->size == 0) { /* first user (or one that died before finishing) */
         if (init_lock(&r->lock) != 0) {
             snprintf(why, sizeof why, "cannot create its robust process-shared lock");
             goto out;
         }
         r->layout = VGPU_REGION_LAYOUT;
-        r->size = sizeof *r;
-        __atomic_store_n(&r->magic, VGPU_REGION_MAGIC, __ATOMIC_RELEASE);
-    } else if (r->magic != VGPU_REGION_MAGIC || r->layout != VGPU_REGION_LAYOUT ||
-               r->size != sizeof *r) {
-        snprintf(why, sizeof why, "was written by an incompatible hook (layout %u)", r->layout);
+        __atomic_store_n(&r->size, (uint32_t)sizeof *r, __ATOMIC_RELEASE);
     }
 out:
     /* Explicitly: the mapping keeps the open file, and with it the flock, alive. */
@@ -281,6 +343,16 @@ int vgpu_region_reserve(struct vgpu_region *r, int slot, int dev, uint64_t bytes
         return -1;
     }
     vgpu_region_lock(r);
+    if (!vgpu_region_intact(r)) { /* overwritten since it was opened: its figures mean nothing */
+        static int said;
+        if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+            vgpu_log_error("the shared accounting region's header was overwritten while in use; "
+                           "every allocation is refused");
+        vgpu_region_unlock(r);
+        if (used_before)
+            *used_before = 0;
+        return -1;
+    }
     int ok = fits(r->used[dev], bytes, limit);
     if (!ok && reap_locked(r) > 0) /* what dead processes held may be enough */
         ok = fits(r->used[dev], bytes, limit);

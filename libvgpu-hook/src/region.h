@@ -1,6 +1,16 @@
-/* The container's shared accounting region: one file in the container
- * directory ($VGPU_CONTAINER_DIR/hook.region), mapped by every process of the
- * container, so that they all draw on one budget per device.
+/* The container's shared accounting region: one file in the container's
+ * state directory (/var/run/vgpu-state/hook.region in a container,
+ * $VGPU_CONTAINER_DIR/hook.region on a bare host), mapped by every process of
+ * the container, so that they all draw on one budget per device.
+ *
+ * - The node agent creates the file with just the 16-byte header (magic,
+ *   layout 0, size 0: "grow me"); the first process that opens it grows it to
+ *   this hook's layout, creates the lock and writes layout and size, under
+ *   flock. (The agent never needs to know the hook's layout.) A file that is not that header
+ *   or this layout (zeroed, foreign, another size) is refused: in a container
+ *   CUDA then fails to initialise (state.c). The container's processes must
+ *   write the region, so they can also corrupt it: the agent never trusts its
+ *   figures (docs/security.md).
  *
  * - A robust, process-shared mutex guards the memory figures. A process that
  *   dies holding it (SIGKILL) does not block the others: the next locker gets
@@ -39,6 +49,7 @@
 #define VGPU_REGION_EXPORTS 256
 #define VGPU_REGION_SHARED 64
 #define VGPU_SHARED_KEYS 4
+#define VGPU_REGION_HEADER_BYTES 16 /* magic, layout, size: what the agent writes */
 
 struct vgpu_slot {
     int32_t pid;         /* 0 = free */
@@ -72,9 +83,15 @@ struct vgpu_region {
     struct vgpu_slot slots[VGPU_REGION_SLOTS];
 };
 
-/* Maps (creating it if needed) the region file at path. NULL with err set
- * ("<path>: <problem>") if it cannot. */
-struct vgpu_region *vgpu_region_open(const char *path, char *err, size_t errlen);
+/* Maps the region file at path: a regular file, never through a symlink,
+ * holding the agent's header or this hook's layout. With create, a missing
+ * file is created with the header first (a bare host, where no agent made
+ * it). NULL with err set ("<path>: <problem>") if it cannot. */
+struct vgpu_region *vgpu_region_open(const char *path, int create, char *err, size_t errlen);
+
+/* Whether the mapped region still carries this hook's header (a process of
+ * the container may have overwritten it since it was opened). */
+int vgpu_region_intact(const struct vgpu_region *r);
 
 /* A region only this process sees (when the shared one cannot be had). */
 struct vgpu_region *vgpu_region_private(void);

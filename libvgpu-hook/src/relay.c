@@ -135,7 +135,7 @@ static int usage_changed(struct relay *r)
 static void try_connect(struct relay *r)
 {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    if ((size_t)snprintf(addr.sun_path, sizeof addr.sun_path, "%s/relay.sock", vgpu_cfg.dir) >=
+    if ((size_t)snprintf(addr.sun_path, sizeof addr.sun_path, "%s/relay.sock", vgpu_cfg.state_dir) >=
         sizeof addr.sun_path)
         return; /* too long for a unix socket: no agent can be reached */
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);

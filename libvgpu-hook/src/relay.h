@@ -1,5 +1,5 @@
 /* The relay client: a background thread that reports this process's usage to
- * the node agent over $VGPU_CONTAINER_DIR/relay.sock and feeds the agent's
+ * the node agent over relay.sock in the state directory (config.h) and feeds the agent's
  * utilisation figures to the compute limiter (PROTOCOL.md). It never blocks
  * the application: non-blocking socket, reports dropped when they do not fit,
  * reconnection at most once a second while the agent is away. */

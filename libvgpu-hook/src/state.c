@@ -39,11 +39,20 @@ void vgpu_state_after_fork_in_child(void)
     slot = -1;
 }
 
-static void join_region(void)
+/* 0, or -1 when the limits cannot be enforced as the container's (logged). */
+static int join_region(void)
 {
     char path[4200], err[4400];
-    snprintf(path, sizeof path, "%s/%s", vgpu_cfg.dir, VGPU_REGION_FILE);
-    vgpu_region = vgpu_region_open(path, err, sizeof err);
+    snprintf(path, sizeof path, "%s/%s", vgpu_cfg.state_dir, VGPU_REGION_FILE);
+    /* In a container the node agent made the file; only a bare host makes its own. */
+    vgpu_region = vgpu_region_open(path, !vgpu_cfg.in_container, err, sizeof err);
+    if (!vgpu_region && vgpu_cfg.in_container) {
+        /* Per-process limits would multiply the container's slice: fail closed. */
+        vgpu_log_error("cannot share accounting through %s; refusing to run: cuInit returns "
+                       "CUDA_ERROR_INVALID_VALUE",
+                       err);
+        return -1;
+    }
     if (!vgpu_region) {
         vgpu_log_error("cannot share accounting through %s; limits apply to each process alone",
                        err);
@@ -53,6 +62,7 @@ static void join_region(void)
         vgpu_log_error("cannot map even a private accounting region; aborting");
         abort();
     }
+    return 0;
 }
 
 /* Runs under ready_once, which other threads wait for: it must never call
@@ -61,10 +71,9 @@ static void join_region(void)
  * thread that waits for that lock. */
 static void load(void)
 {
-    limits_known = vgpu_load_config(&vgpu_cfg) == 0;
+    limits_known = vgpu_load_config(&vgpu_cfg) == 0 && join_region() == 0;
     if (!limits_known)
         return;
-    join_region();
     atexit(leave_region);
 }
 

@@ -129,8 +129,41 @@ static void test_parse_u64(void)
     CHECK(vgpu_parse_u64("1a", 10, &v) == -1);
 }
 
+static struct vgpu_hook_conf conf;
+
+static int parse_conf(const char *text)
+{
+    err[0] = '\0';
+    conf = (struct vgpu_hook_conf){.limit_wait_ms = 10000, .policy = VGPU_COMPUTE_SHARE};
+    FILE *f = fmemopen((void *)text, strlen(text), "r");
+    if (!f)
+        return -2;
+    int rc = vgpu_hook_conf_parse(f, "/run/hook.conf", &conf, err, sizeof err);
+    fclose(f);
+    return rc;
+}
+
+static void test_hook_conf(void)
+{
+    CHECK(parse_conf("version=1\nlimit_wait_ms=2500\ncompute_policy=hard\nfuture=1\n") == 0);
+    CHECK(conf.limit_wait_ms == 2500 && conf.policy == VGPU_COMPUTE_HARD);
+    CHECK(parse_conf("version=1\n") == 0); /* absent keys keep the defaults */
+    CHECK(conf.limit_wait_ms == 10000 && conf.policy == VGPU_COMPUTE_SHARE);
+    CHECK(parse_conf("limit_wait_ms=1\n") == -1);
+    CHECK(strcmp(err, "/run/hook.conf: missing required key 'version'") == 0);
+    CHECK(parse_conf("version=1\ncompute_policy=fair\n") == -1);
+    CHECK(strcmp(err, "/run/hook.conf:2: compute_policy: 'fair' is not one of share, hard, off") ==
+          0);
+    CHECK(parse_conf("version=1\nlimit_wait_ms=600001\n") == -1);
+    CHECK(strstr(err, "from 0 to 600000") != NULL);
+    CHECK(parse_conf("version=1\nlimit_wait_ms=1\nlimit_wait_ms=2\n") == -1);
+    CHECK(strstr(err, "duplicate key 'limit_wait_ms'") != NULL);
+    CHECK(parse_conf("version=2\n") == -1);
+}
+
 int main(void)
 {
+    test_hook_conf();
     test_good_file();
     test_minimal_files();
     test_malformed_lines();

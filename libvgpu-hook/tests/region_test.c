@@ -21,7 +21,7 @@ static char path[128];
 static struct vgpu_region *open_region(void)
 {
     char err[256];
-    struct vgpu_region *r = vgpu_region_open(path, err, sizeof err);
+    struct vgpu_region *r = vgpu_region_open(path, 1, err, sizeof err);
     if (!r)
         fprintf(stderr, "%s\n", err);
     return r;
@@ -162,9 +162,78 @@ static void test_incompatible_file(void)
     FILE *f = fopen(other, "w");
     fputs("not a region", f);
     fclose(f);
-    CHECK(vgpu_region_open(other, err, sizeof err) == NULL);
-    CHECK(strstr(err, "not the") != NULL);
+    CHECK(vgpu_region_open(other, 1, err, sizeof err) == NULL);
+    CHECK(strstr(err, "neither the node agent's 16-byte header nor") != NULL);
     unlink(other);
+}
+
+/* Writes len bytes of data (zeros past it) to name in the test directory. */
+static void put_file(const char *name, const void *data, size_t len, size_t total)
+{
+    char p[160];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "w");
+    fwrite(data, 1, len, f);
+    for (size_t i = len; i < total; i++)
+        fputc(0, f);
+    fclose(f);
+}
+
+static struct vgpu_region *open_named(const char *name, int create, char *err, size_t errlen)
+{
+    char p[160];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return vgpu_region_open(p, create, err, errlen);
+}
+
+/* What the node agent makes, and what a container might plant instead. */
+static void test_headers(void)
+{
+    char err[512];
+    uint64_t agent_header[2] = {VGPU_REGION_MAGIC, 0}; /* layout 0, size 0 */
+    put_file("agent", agent_header, sizeof agent_header, sizeof agent_header);
+    struct vgpu_region *r = open_named("agent", 0, err, sizeof err);
+    CHECK(r && vgpu_region_intact(r)); /* grown to the layout, lock made */
+    CHECK(r && r->layout == VGPU_REGION_LAYOUT);
+    uint64_t other_layout[2] = {VGPU_REGION_MAGIC, (uint64_t)(VGPU_REGION_LAYOUT + 1)};
+    put_file("other-layout", other_layout, sizeof other_layout, sizeof other_layout);
+    CHECK(open_named("other-layout", 0, err, sizeof err) == NULL);
+    CHECK(strstr(err, "has layout") != NULL);
+    if (r) {
+        int s = vgpu_region_attach(r, getpid());
+        CHECK(vgpu_region_reserve(r, s, 0, 10, 100, NULL) == 0);
+        r->magic = 0; /* a process of the container zeroes it while in use */
+        CHECK(vgpu_region_reserve(r, s, 0, 10, 100, NULL) == -1);
+    }
+
+    put_file("zeroed", "", 0, sizeof(struct vgpu_region));
+    CHECK(open_named("zeroed", 0, err, sizeof err) == NULL);
+    CHECK(strstr(err, "its header is zeroed") != NULL);
+    CHECK(open_named("zeroed", 1, err, sizeof err) == NULL); /* not even on a bare host */
+
+    uint64_t foreign[2] = {0x1122334455667788ull, 7};
+    put_file("foreign", foreign, sizeof foreign, sizeof(struct vgpu_region));
+    CHECK(open_named("foreign", 0, err, sizeof err) == NULL);
+    CHECK(strstr(err, "was not written for this hook") != NULL);
+    put_file("foreign-header", foreign, sizeof foreign, sizeof foreign);
+    CHECK(open_named("foreign-header", 0, err, sizeof err) == NULL);
+
+    CHECK(open_named("missing", 0, err, sizeof err) == NULL);
+    CHECK(strstr(err, "does not exist (the node agent creates it)") != NULL);
+
+    char target[160], link[160];
+    snprintf(target, sizeof target, "%s/agent", dir);
+    snprintf(link, sizeof link, "%s/link", dir);
+    CHECK(symlink(target, link) == 0);
+    CHECK(open_named("link", 0, err, sizeof err) == NULL);
+    CHECK(strstr(err, "is a symbolic link") != NULL);
+    const char *names[] = {"agent", "zeroed", "foreign", "foreign-header", "link",
+                           "other-layout"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        char p[160];
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        unlink(p);
+    }
 }
 
 int main(int argc, char **argv)
@@ -199,6 +268,7 @@ int main(int argc, char **argv)
         test_exports(r);
         test_shared_allocations(r);
         test_incompatible_file();
+        test_headers();
     }
     unlink(path);
     rmdir(dir);

@@ -3,7 +3,8 @@
 The kubelet calls Allocate with device IDs and no pod identity, so everything here derives
 from the IDs: the GPUs to expose, and a per-container host directory keyed by a hash of the
 sorted IDs (stable across retries, distinct for concurrently running containers because the
-kubelet never hands one device ID to two running containers).
+kubelet never hands one device ID to two running containers). The directory's layout and its
+two mounts (limits read-only, the hook's state read-write) are container_files.py's.
 
 The GPUs reach the container runtime as `NVIDIA_VISIBLE_DEVICES` (strategy `envvar`, the
 default) or as CDI device names `<cdi_kind>=<uuid>` (`cdi-cri`: the CDIDevice field of the
@@ -13,22 +14,24 @@ response; `cdi-annotations`: a `cdi.k8s.io/` annotation), as NVIDIA's plugin off
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.nodeagent.catalog import DeviceCatalog
+from services.nodeagent.container_files import (
+    CONFIG_MOUNT,
+    STATE_MOUNT,
+    HookSettings,
+    config_dir,
+    prepare,
+    state_dir,
+)
 from services.nodeagent.files import ensure_file
 
-CONTAINER_DIR = "/var/run/vgpu"  # where the container sees its limits file
 HOOK_CONTAINER_PATH = "/usr/local/vgpu/libvgpu.so"
 PRELOAD_CONTAINER_PATH = "/etc/ld.so.preload"
 PRELOAD_FILE_NAME = "ld.so.preload"  # shared by all containers, under container_root
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
-CONTAINER_DIR_ENV = "VGPU_CONTAINER_DIR"
-# World-writable with the sticky bit: the container's processes (any user) create the shared
-# accounting region and connect to the relay socket, but cannot replace the agent's files.
-CONTAINER_DIR_MODE = 0o1777
 STRATEGIES = ("envvar", "cdi-cri", "cdi-annotations")
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/vgpu_"
 
@@ -77,13 +80,17 @@ def plan_grant(
     gpu_uuids = list(dict.fromkeys(catalog.gpu_of(device_id).uuid for device_id in device_ids))
     key = container_key(device_ids)
     host_dir = container_root / key
-    mounts = [MountSpec(CONTAINER_DIR, str(host_dir), read_only=False)]
+    mounts = [
+        MountSpec(CONFIG_MOUNT, str(config_dir(host_dir)), read_only=True),
+        MountSpec(STATE_MOUNT, str(state_dir(host_dir)), read_only=False),
+    ]
     if hook_library is not None:
         mounts.append(MountSpec(HOOK_CONTAINER_PATH, str(hook_library), read_only=True))
         mounts.append(
             MountSpec(PRELOAD_CONTAINER_PATH, str(preload_file(container_root)), read_only=True)
         )
-    envs = {CONTAINER_DIR_ENV: CONTAINER_DIR}
+    # No VGPU_* variable: inside a container the hook reads only the read-only mount.
+    envs: dict[str, str] = {}
     cdi_names = tuple(f"{cdi_kind}={uuid}" for uuid in gpu_uuids)
     cdi_devices: tuple[str, ...] = ()
     annotations: dict[str, str] = {}
@@ -117,8 +124,10 @@ class GrantIssuer:
         hook_library: Path,
         strategy: str = "envvar",
         cdi_kind: str = "nvidia.com/gpu",
+        hook_settings: HookSettings | None = None,
     ) -> None:
         self._catalog = catalog
+        self._hook_settings = hook_settings or HookSettings()
         self._root = container_root
         self._hook = hook_library
         self._strategy = strategy
@@ -131,9 +140,7 @@ class GrantIssuer:
         grant = plan_grant(
             self._catalog, device_ids, self._root, hook, self._strategy, self._cdi_kind
         )
-        grant.host_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(grant.host_dir, CONTAINER_DIR_MODE)  # mkdir's mode is cut by the umask
-        os.utime(grant.host_dir)  # the cleanup's grace period counts from the last Allocate
+        prepare(grant.host_dir, self._hook_settings)
         if hook is not None:
             ensure_file(preload_file(self._root), HOOK_CONTAINER_PATH + "\n")
         return grant

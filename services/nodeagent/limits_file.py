@@ -1,4 +1,5 @@
-"""The limit file the in-container hook reads: `<container dir>/limits`, key=value lines.
+"""The limit file the in-container hook reads: `/var/run/vgpu/limits` (host side: the
+container directory's read-only `config/`, container_files.py), key=value lines.
 
 version=1
 namespace=<ns>

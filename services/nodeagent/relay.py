@@ -1,6 +1,7 @@
 """The relay: one unix socket per container directory, hook reports in, utilisation out.
 
-The agent listens on `<container dir>/relay.sock` once it knows whose directory it is, so
+The agent listens on `relay.sock` in the container's state directory (the container sees it
+at /var/run/vgpu-state/relay.sock) once it knows whose directory it is, so
 whatever arrives there speaks for that container and nobody else: names sent by the hook are
 never trusted, and device indexes are checked against the container's own limits. A bad line
 (oversized, malformed, out of order) closes that one connection and is counted; nothing a
@@ -28,6 +29,7 @@ from prometheus_client import Counter, Gauge
 from services.common import subjects
 from services.common.bus import Bus
 from services.common.schemas import ContainerDeviceUsage, ContainerUsage, GpuUsage
+from services.nodeagent.container_files import state_dir
 from services.nodeagent.containers import ResolvedContainer
 from services.nodeagent.process_map import ContainerFigures, DeviceFigures, ProcessAttributor
 from services.nodeagent.relay_protocol import (
@@ -188,7 +190,7 @@ class RelayHub:
             if existing.container == container:
                 return existing.path
             await self.close(container.key)
-        path = container.host_dir / SOCKET_NAME
+        path = state_dir(container.host_dir) / SOCKET_NAME
         path.unlink(missing_ok=True)
         holder: list[_Listener] = []
 

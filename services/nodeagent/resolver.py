@@ -31,6 +31,7 @@ from services.common.bus import Bus, BusError
 from services.common.schemas import ClaimReply, ClaimRequest
 from services.common.tracing import context_from_traceparent, tracer
 from services.nodeagent import limits_file
+from services.nodeagent.container_files import config_dir
 from services.nodeagent.containers import ResolvedContainer
 from services.nodeagent.grant import ContainerGrant
 from services.nodeagent.kubelet_checkpoint import CheckpointEntry, CheckpointError
@@ -180,7 +181,7 @@ class AllocationResolver:
                 # The relay socket exists before the limit file: a hook that found its
                 # limits can always connect.
                 await self._on_resolved(resolved)
-            path = limits_file.write(grant.host_dir, limits)
+            path = limits_file.write(config_dir(grant.host_dir), limits)
             write_ended = time.time_ns()
         except ResolveFailure as exc:
             self._fail(call, exc.reason, str(exc), fields)

@@ -17,6 +17,7 @@ from services.common.tracing import setup_tracing
 from services.nodeagent import limits_file
 from services.nodeagent.catalog import DeviceCatalog
 from services.nodeagent.cleanup import DirectoryJanitor
+from services.nodeagent.container_files import config_dir
 from services.nodeagent.containers import ContainerRecords, ResolvedContainer
 from services.nodeagent.context_overhead import container_overhead, parse_overheads
 from services.nodeagent.device_watch import DeviceWatcher
@@ -34,7 +35,12 @@ from services.nodeagent.publisher import HostCapacity, Publisher
 from services.nodeagent.registration import DevicePluginServer
 from services.nodeagent.relay import RelayHub
 from services.nodeagent.resolver import AllocationResolver
-from services.nodeagent.settings import NodeAgentSettings, check_settings, host_capacity
+from services.nodeagent.settings import (
+    NodeAgentSettings,
+    check_settings,
+    hook_settings,
+    host_capacity,
+)
 from services.nodeagent.verify import Verifier
 
 log = logging.getLogger("vgpu.nodeagent")
@@ -293,6 +299,7 @@ class NodeAgent:
                 Path(s.hook_library),
                 s.device_list_strategy,
                 s.cdi_kind,
+                hook_settings(s),
             ),
             resolver=resolver,
         )
@@ -337,7 +344,7 @@ class NodeAgent:
             return
         try:
             await started(container)
-            limits_file.write(container.host_dir, container.limits)
+            limits_file.write(config_dir(container.host_dir), container.limits)
         except OSError as exc:
             log.error("cannot restore a container", extra={**fields, "error": str(exc)})
             return

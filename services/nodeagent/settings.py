@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import msgspec
 
+from services.nodeagent.container_files import (
+    COMPUTE_POLICIES,
+    MAX_LIMIT_WAIT_MS,
+    HookSettings,
+)
 from services.nodeagent.context_overhead import parse_overheads
 from services.nodeagent.grant import STRATEGIES
 from services.nodeagent.health import DEFAULT_IGNORED_XIDS, parse_xids
@@ -25,7 +30,9 @@ class NodeAgentSettings(msgspec.Struct, kw_only=True, frozen=True):
     resource_name: str = "nvidia.com/gpu"
     split_count: int = 10  # device IDs advertised per physical GPU (max sharers)
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
-    container_root: str = "/var/run/vgpu/containers"
+    # Not under /var/run/vgpu: on a host where that exists, a preloaded hook takes itself
+    # to be inside a container and ignores the VGPU_* environment.
+    container_root: str = "/var/lib/vgpu/containers"
     # The agent's own records (whose each container directory is, the limits it wrote), read
     # back on restart. Never mounted into a container: nothing a container writes is trusted.
     state_dir: str = "/var/lib/vgpu/nodeagent"
@@ -36,6 +43,9 @@ class NodeAgentSettings(msgspec.Struct, kw_only=True, frozen=True):
     # How GPUs reach the runtime: envvar (NVIDIA_VISIBLE_DEVICES), cdi-cri or cdi-annotations.
     device_list_strategy: str = "envvar"
     cdi_kind: str = "nvidia.com/gpu"
+    # How the hooks hold each container to its cores share (hook.conf, read-only to them):
+    # share = only while other containers use the GPU, hard = always, off = never.
+    compute_policy: str = "share"
     health_checks: bool = True  # watch NVML XID events
     ignored_xids: str = DEFAULT_IGNORED_XIDS  # application XIDs that say nothing about the GPU
     node_labeler: str = "memory"  # none | memory | kubernetes (patch the Node's labels)
@@ -99,6 +109,11 @@ def check_settings(settings: NodeAgentSettings) -> None:
             f"device_list_strategy must be one of {', '.join(STRATEGIES)}, "
             f"got {settings.device_list_strategy!r}"
         )
+    if settings.compute_policy not in COMPUTE_POLICIES:
+        raise ValueError(
+            f"compute_policy must be one of {', '.join(COMPUTE_POLICIES)}, "
+            f"got {settings.compute_policy!r}"
+        )
     if settings.node_labeler not in ("none", "memory", "kubernetes"):
         raise ValueError(
             f"node_labeler must be none, memory or kubernetes, got {settings.node_labeler!r}"
@@ -137,3 +152,10 @@ def check_settings(settings: NodeAgentSettings) -> None:
         raise ValueError(
             f"container_dir_grace_s must not be negative, got {settings.container_dir_grace_s}"
         )
+
+
+def hook_settings(settings: NodeAgentSettings) -> HookSettings:
+    """hook.conf for every container: the hook waits for its limit file as long as this
+    agent keeps trying to resolve whose container it is, and no longer."""
+    wait_ms = min(int(settings.resolve_timeout_s * 1000), MAX_LIMIT_WAIT_MS)
+    return HookSettings(limit_wait_ms=wait_ms, compute_policy=settings.compute_policy)

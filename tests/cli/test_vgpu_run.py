@@ -196,7 +196,9 @@ def test_root_without_cap_sys_admin_cannot_remount_or_unmount(up: Up) -> None:
             f"mount -o remount,rw {path} && echo REMOUNTED {path}; "
             f"umount {path} && echo UNMOUNTED {path}; "
             f"umount -l {path} && echo UNMOUNTED {path}; "
-            f"[ -d {path} ] || (echo x >> {path}) 2>/dev/null && echo WROTE {path}; "
+            # a read-only directory (the limits mount) must refuse new files too
+            f"if [ -d {path} ]; then t={path}/planted; else t={path}; fi; "
+            f"(echo x >> $t) 2>/dev/null && echo WROTE {path}; "
         )
     script += "unshare -Urm true && echo USERNS; unshare -m true && echo MOUNTNS; true"
     result = up.sh(script, "--root")

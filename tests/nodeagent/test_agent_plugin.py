@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import stat
+import struct
 import time
 from collections.abc import AsyncIterator
 
@@ -129,15 +131,24 @@ async def test_allocate_response_and_container_directory(
         timeout=5,
     )
     (answer,) = response.container_responses
-    assert dict(answer.envs) == {
-        "NVIDIA_VISIBLE_DEVICES": f"{b},{a}",
-        "VGPU_CONTAINER_DIR": "/var/run/vgpu",
-    }
+    # No VGPU_* variable: inside a container the hook reads only its read-only mount.
+    assert dict(answer.envs) == {"NVIDIA_VISIBLE_DEVICES": f"{b},{a}"}
     host_dir = dirs.container_root / container_key(ids)
     assert [(m.container_path, m.host_path, m.read_only) for m in answer.mounts] == [
-        ("/var/run/vgpu", str(host_dir), False)
+        ("/var/run/vgpu", str(host_dir / "config"), True),
+        ("/var/run/vgpu-state", str(host_dir / "state"), False),
     ]
-    assert host_dir.is_dir()
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (host_dir, *host_dir.iterdir())}
+    assert modes == {host_dir.name: 0o700, "config": 0o755, "state": 0o1777}
+    assert (host_dir / "config" / "hook.conf").read_text().splitlines()[1:] == [
+        "version=1",
+        "limit_wait_ms=300",  # as long as the agent tries to resolve (resolve_timeout_s)
+        "compute_policy=share",
+    ]
+    region = host_dir / "state" / "hook.region"
+    assert region.read_bytes() == struct.pack("<QII", 0x3147455255504756, 0, 0)
+    assert stat.S_IMODE(region.stat().st_mode) == 0o666
+    assert not (host_dir / "config" / "limits").exists()  # the resolver writes it
     assert container_key(ids) == container_key(list(reversed(ids)))
     assert len(container_key(ids)) == 16
 
@@ -158,8 +169,10 @@ async def test_allocate_mounts_the_hook_when_installed(
         (m.container_path, m.host_path, m.read_only) for m in response.container_responses[0].mounts
     ]
     preload = dirs.container_root / "ld.so.preload"
+    host_dir = dirs.container_root / container_key([device_id])
     assert mounts == [
-        ("/var/run/vgpu", str(dirs.container_root / container_key([device_id])), False),
+        ("/var/run/vgpu", str(host_dir / "config"), True),
+        ("/var/run/vgpu-state", str(host_dir / "state"), False),
         ("/usr/local/vgpu/libvgpu.so", str(dirs.hook_library), True),
         ("/etc/ld.so.preload", str(preload), True),
     ]
@@ -207,7 +220,7 @@ async def test_unresolved_allocation_is_counted_and_writes_no_limits(
         ),
         what="resolve failure counted",
     )
-    assert not (dirs.container_root / container_key([device_id]) / "limits").exists()
+    assert not (dirs.container_root / container_key([device_id]) / "config" / "limits").exists()
 
 
 def preferred_request(

@@ -86,7 +86,7 @@ async def test_plain_init_container_gets_its_own_limits_through_the_checkpoint(
 
         wanted = {"setup": (1, 3000, 20), "app": (2, 5000, 40)}
         for admitted in (setup, app):
-            path = dirs.container_root / container_key(admitted.device_ids) / "limits"
+            path = dirs.container_root / container_key(admitted.device_ids) / "config" / "limits"
             await wait_until(path.exists, 15, f"limits of {admitted.name}")
             limits = read_limits(path.read_text())
             count, memory, cores = wanted[admitted.name]

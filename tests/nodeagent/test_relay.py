@@ -52,8 +52,8 @@ async def admitted_dir(kubelet: KubeletSimulator, dirs: NodeDirs, pod: dict[str,
     result = await kubelet.admit(pod)
     assert result.admitted, result.error
     directory = dirs.container_root / container_key(result.containers[0].device_ids)
-    await wait_until((directory / "limits").exists, what="limit file")
-    assert (directory / "relay.sock").is_socket()
+    await wait_until((directory / "config" / "limits").exists, what="limit file")
+    assert (directory / "state" / "relay.sock").is_socket()
     return directory
 
 
@@ -85,7 +85,7 @@ def usage(used: int, launches: int = 5, index: int = 0) -> bytes:
 
 
 async def connect(directory: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    return await asyncio.open_unix_connection(str(directory / "relay.sock"))
+    return await asyncio.open_unix_connection(str(directory / "state" / "relay.sock"))
 
 
 def rejected(reason: str) -> float:
@@ -102,7 +102,7 @@ async def test_reports_become_container_usage_and_util_flows_back(
 ) -> None:
     async with running_node(nats_server.url, dirs, **FAST) as (kubelet, agent):
         directory = await admitted_dir(kubelet, dirs, gpu_pod("train", {"main": 1}, namespace="ml"))
-        gpu = next(g for g in agent.gpus if g.uuid in (directory / "limits").read_text())
+        gpu = next(g for g in agent.gpus if g.uuid in (directory / "config" / "limits").read_text())
         backend = agent.gpu_backend
         assert isinstance(backend, SimulatedGpuBackend)
         backend.set_usage(gpu.uuid, 80.0, 9000)
@@ -185,9 +185,11 @@ async def test_a_restarted_agent_serves_existing_directories(
 ) -> None:
     async with running_node(nats_server.url, dirs, **FAST) as (kubelet, _):
         directory = await admitted_dir(kubelet, dirs, gpu_pod("kept", {"main": 1}))
-    assert not (directory / "relay.sock").exists()  # the stopped agent left nothing behind
+    assert not (
+        directory / "state" / "relay.sock"
+    ).exists()  # the stopped agent left nothing behind
     async with running_node(nats_server.url, dirs, **FAST) as (_, agent):
-        assert (directory / "relay.sock").is_socket()
+        assert (directory / "state" / "relay.sock").is_socket()
         _, writer = await connect(directory)
         writer.write(hello() + usage(300))
         await writer.drain()
@@ -237,7 +239,9 @@ async def test_containers_without_a_hook_are_reported_from_nvml(
         agent,
     ):
         directory = await admitted_dir(kubelet, dirs, gpu_pod("nohook", {"main": 1}))
-        gpu = next(g.uuid for g in agent.gpus if g.uuid in (directory / "limits").read_text())
+        gpu = next(
+            g.uuid for g in agent.gpus if g.uuid in (directory / "config" / "limits").read_text()
+        )
         backend = agent.gpu_backend
         assert isinstance(backend, SimulatedGpuBackend)
         backend.add_process(4242, gpu, 1500, 25.0)

@@ -82,7 +82,7 @@ async def test_limit_file_and_allocate_span_join_the_pods_trace(
     result = await kubelet.admit(gpu_pod("train", {"main": 1}, namespace="ml"))
     assert result.admitted, result.error
     (container,) = result.containers
-    limits = dirs.container_root / container_key(container.device_ids) / "limits"
+    limits = dirs.container_root / container_key(container.device_ids) / "config" / "limits"
     await wait_until(limits.exists, what="limit file")
 
     gpu = container.envs["NVIDIA_VISIBLE_DEVICES"]
@@ -125,7 +125,7 @@ async def test_each_container_gets_its_own_decision_by_name(
     result = await kubelet.admit(gpu_pod("pair", {"left": 1, "right": 2}))
     assert result.admitted, result.error
     for container in result.containers:
-        limits = dirs.container_root / container_key(container.device_ids) / "limits"
+        limits = dirs.container_root / container_key(container.device_ids) / "config" / "limits"
         await wait_until(limits.exists, what=f"limit file of {container.name}")
         text = limits.read_text()
         assert f"container={container.name}\n" in text
@@ -153,7 +153,7 @@ async def test_refused_claim_writes_no_limit_file(node: Node, claims: ClaimRespo
     assert len(claims.requests) == 1
     key = container_key(result.containers[0].device_ids)
     assert (dirs.container_root / key).is_dir()
-    assert not (dirs.container_root / key / "limits").exists()
+    assert not (dirs.container_root / key / "config" / "limits").exists()
 
 
 async def test_context_overhead_of_the_gpus_model_goes_into_the_limit_file(
@@ -167,7 +167,7 @@ async def test_context_overhead_of_the_gpus_model_goes_into_the_limit_file(
         result = await kubelet.admit(gpu_pod("ctx", {"main": 1}))
         assert result.admitted, result.error
         (container,) = result.containers
-        limits = dirs.container_root / container_key(container.device_ids) / "limits"
+        limits = dirs.container_root / container_key(container.device_ids) / "config" / "limits"
         await wait_until(limits.exists, what="limit file")
         assert limits.read_text().endswith("device.0.cores=30\ncontext_overhead_mib=420\n")
 
@@ -198,7 +198,9 @@ async def test_init_container_is_claimed_by_pod_uid_and_needs_the_pod_named_back
             pod_uid="uid-prep",
         )
     ]
-    assert not (dirs.container_root / container_key(setup.device_ids) / "limits").exists()
+    assert not (
+        dirs.container_root / container_key(setup.device_ids) / "config" / "limits"
+    ).exists()
 
 
 async def test_a_broken_checkpoint_is_named_in_the_failure_and_spares_podresources(
@@ -227,7 +229,9 @@ async def _app_resolves_and_init_fails(
     """Wait for the app container's limits (found through PodResources), then for the init
     container's failed Allocate span; the failed spans."""
     await wait_until(
-        lambda: (dirs.container_root / container_key(app_device_ids) / "limits").exists(),
+        lambda: (
+            dirs.container_root / container_key(app_device_ids) / "config" / "limits"
+        ).exists(),
         what="the app container's limits (PodResources)",
     )
     return await wait_until(

@@ -71,7 +71,9 @@ async def test_published_usage_follows_the_admitted_container(
         assert result.admitted, result.error
         (container,) = result.containers
         key = container_key(container.device_ids)
-        await wait_until((dirs.container_root / key / "limits").exists, what="limit file")
+        await wait_until(
+            (dirs.container_root / key / "config" / "limits").exists, what="limit file"
+        )
         busy = container.envs["NVIDIA_VISIBLE_DEVICES"]
         (other,) = [g for g in gpus if g != busy]
 
@@ -103,7 +105,9 @@ async def test_a_restarted_agent_loads_the_gpus_of_containers_still_running(
         result = await kubelet.admit(gpu_pod("long", {"main": 2}))
         assert result.admitted, result.error
         key = container_key(result.containers[0].device_ids)
-        await wait_until((dirs.container_root / key / "limits").exists, what="limit file")
+        await wait_until(
+            (dirs.container_root / key / "config" / "limits").exists, what="limit file"
+        )
     # A new agent on the same node finds the directory and serves it again at once.
     async with running_node(nats_server.url, dirs) as (_, agent):
         seen = len(usages.messages)

@@ -135,7 +135,7 @@ async def test_twenty_pods_shuffled_each_container_gets_its_own_limits(
                 by_key.setdefault(key, []).append(admitted_container.name)
             for admitted_container in result.containers:
                 key = container_key(admitted_container.device_ids)
-                path = dirs.container_root / key / "limits"
+                path = dirs.container_root / key / "config" / "limits"
                 await wait_until(
                     path.exists, timeout_s=20, what=f"limits of {name}/{admitted_container.name}"
                 )

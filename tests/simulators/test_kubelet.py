@@ -130,9 +130,12 @@ async def test_admit_collects_the_allocate_response_and_records_devices(
     assert (main.name, main.init, side.device_ids) == ("main", False, [])
     assert main.device_ids == [f"{a}::0", f"{b}::0"]  # preferred pick: distinct GPUs
     assert main.envs["NVIDIA_VISIBLE_DEVICES"] == f"{a},{b}"
-    assert main.envs["VGPU_CONTAINER_DIR"] == "/var/run/vgpu"
-    assert [m.container_path for m in main.mounts] == ["/var/run/vgpu"]
-    assert main.mounts[0].host_path.startswith(str(dirs.container_root))
+    # The records keep the Allocate response's mounts as they are, read-only flags included.
+    assert [(m.container_path, m.read_only) for m in main.mounts] == [
+        ("/var/run/vgpu", True),
+        ("/var/run/vgpu-state", False),
+    ]
+    assert all(m.host_path.startswith(str(dirs.container_root)) for m in main.mounts)
 
     listed = await pod_resources.List(pr.ListPodResourcesRequest(), timeout=5)
     (pod,) = listed.pod_resources
@@ -318,7 +321,10 @@ async def test_http_api(node: Node, spans: InMemorySpanExporter) -> None:
             "name", "init", "device_ids", "envs", "mounts", "devices", "annotations",
             "cdi_devices",
         }  # fmt: skip
-        assert container["mounts"][0]["container_path"] == "/var/run/vgpu"
+        assert [(m["container_path"], m["read_only"]) for m in container["mounts"]] == [
+            ("/var/run/vgpu", True),
+            ("/var/run/vgpu-state", False),
+        ]
 
         async with http.post("/pods", json=gpu_pod("b", {"main": 4})) as response:
             refused = await response.json()
