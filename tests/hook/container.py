@@ -65,12 +65,23 @@ def _bind(mount: Mount) -> str:
     return "\n".join(lines)
 
 
+def bind_script(mounts: Iterable[Mount]) -> str:
+    """Shell lines that lay the mounts out in the current (new) mount namespace; they stop the
+    script at the first failure."""
+    lines = ["mount -t tmpfs -o mode=755 vgpu-test-run /var/run", *map(_bind, mounts)]
+    return "\n".join(f"{line} || exit 125" for chunk in lines for line in chunk.splitlines())
+
+
+def allocate_mounts(host_dir: Path) -> list[Mount]:
+    """The two mounts the agent's Allocate response asks for its container directory."""
+    return [
+        Mount(str(config_dir(host_dir)), CONFIG_MOUNT, True),
+        Mount(str(state_dir(host_dir)), STATE_MOUNT, False),
+    ]
+
+
 def container_argv(argv: list[str], mounts: Iterable[Mount]) -> list[str]:
-    script = "\n".join(
-        ["set -e", "mount -t tmpfs -o mode=755 vgpu-test-run /var/run"]
-        + [_bind(m) for m in mounts]
-        + ['exec "$@"']
-    )
+    script = bind_script(mounts) + '\nexec "$@"'
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *argv]
 
 
@@ -86,7 +97,4 @@ def agent_directory(host_dir: Path, settings: HookSettings | None = None) -> lis
     """A container directory as the node agent prepares it at Allocate (its real code), and
     the two mounts its Allocate response asks for."""
     prepare(host_dir, settings or HookSettings())
-    return [
-        Mount(str(config_dir(host_dir)), CONFIG_MOUNT, True),
-        Mount(str(state_dir(host_dir)), STATE_MOUNT, False),
-    ]
+    return allocate_mounts(host_dir)

@@ -28,6 +28,7 @@ from services.nodeagent.service import NodeAgent
 from services.simulators.kubelet import KubeletSimulator
 from services.simulators.scheduler import SchedulerSimulator
 from tests.hook.conftest import build  # noqa: F401  (the compiled hook and simulated driver)
+from tests.hook.container import allocate_mounts, bind_script
 from tests.hook.harness import hook_env, summary, tool
 from tests.nodeagent.harness import (
     NODE,
@@ -106,7 +107,7 @@ async def placed(
         result = await kubelet.admit(spec)
         assert result.admitted, result.error
         directory = dirs.container_root / container_key(result.containers[0].device_ids)
-        await wait_until((directory / "limits").exists, 15, "limit file")
+        await wait_until((directory / "config" / "limits").exists, 15, "limit file")
         uuid = result.containers[0].envs["NVIDIA_VISIBLE_DEVICES"]
         yield kubelet, agent, directory, uuid
 
@@ -134,8 +135,15 @@ def in_container(
     with the container's environment (hook preloaded, its GPU); each prints one `holding`
     line and holds until stdin closes. Yields the process and those lines."""
     env = hook_env(directory, sim, VGPU_SIM_UUIDS=uuid, VGPU_HOOK_QUIET="1")
-    # A shell gives background commands /dev/null as stdin unless told otherwise.
-    script = "exec 3<&0; " + " ".join(f"{c} <&3 &" for c in commands) + " wait"
+    del env["VGPU_CONTAINER_DIR"], env["VGPU_LIMIT_WAIT_MS"]  # ignored in a container anyway
+    # The Allocate response's mounts, in the new mount namespace --mount-proc makes. A shell
+    # gives background commands /dev/null as stdin unless told otherwise.
+    script = (
+        bind_script(allocate_mounts(directory))
+        + "\nexec 3<&0; "
+        + " ".join(f"{c} <&3 &" for c in commands)
+        + " wait"
+    )
     proc = subprocess.Popen(
         [*_UNSHARE, "sh", "-c", script],
         env=env,
@@ -288,7 +296,7 @@ async def test_zeroing_the_shared_accounting_is_flagged_as_tampering(
             )
             assert inbox.violations == []
             # What root in the container can do to the region: zero it (every byte).
-            region = directory / "hook.region"
+            region = directory / "state" / "hook.region"
             region.write_bytes(bytes(region.stat().st_size))
             tampering = await wait_until(lambda: inbox.of("tampering"), 10, "tampering event")
             assert tampering[0].reported_mib == 0
@@ -303,7 +311,9 @@ async def test_a_hello_that_lies_about_the_limits_is_tampering(
     nats_server: EmbeddedNats, allocator: Allocator, dirs: NodeDirs, inbox: Inbox
 ) -> None:
     async with placed(nats_server.url, allocator, dirs) as (_, _agent, directory, uuid):
-        _reader, writer = await asyncio.open_unix_connection(str(directory / "relay.sock"))
+        _reader, writer = await asyncio.open_unix_connection(
+            str(directory / "state" / "relay.sock")
+        )
         forged = (
             '{"v":1,"type":"hello","pid":1,"comm":"forger","devices":[{"index":0,'
             f'"uuid":"{uuid}","limit_mib":999999,"cores":100}}]}}\n'
@@ -314,7 +324,7 @@ async def test_a_hello_that_lies_about_the_limits_is_tampering(
         assert "999999 MiB" in tampering[0].reason and f"{SLICE_MIB} MiB" in tampering[0].reason
         assert gauge("vgpu_nodeagent_slice_violation", "tampering", gpu=uuid) == 1
         # The slice stays the agent's: its limit file and its own checks are unchanged.
-        assert f"memory_limit_mib={SLICE_MIB}" in (directory / "limits").read_text()
+        assert f"memory_limit_mib={SLICE_MIB}" in (directory / "config" / "limits").read_text()
         writer.close()
         await writer.wait_closed()
         await wait_until(
@@ -330,18 +340,19 @@ async def test_a_restarted_agent_rebuilds_from_its_own_records_only(
 ) -> None:
     async with placed(nats_server.url, allocator, dirs) as (_, agent, directory, uuid):
         await agent.stop()
-        # While the agent is away, root in the container rewrites what it can reach: its
-        # limit file (widened), and a directory the agent never wrote, with a limit file.
-        widened = (
-            (directory / "limits")
-            .read_text()
-            .replace(f"memory_limit_mib={SLICE_MIB}", "memory_limit_mib=999999")
+        # While the agent is away, its container directories change under it (a container
+        # cannot write its limit file, which is mounted read-only, but nothing the agent reads
+        # back on restart may be trusted anyway): the limit file widened, and a directory the
+        # agent never wrote, with a limit file.
+        limits = directory / "config" / "limits"
+        widened = limits.read_text().replace(
+            f"memory_limit_mib={SLICE_MIB}", "memory_limit_mib=999999"
         )
-        (directory / "limits").write_text(widened)
+        limits.write_text(widened)
         (directory / "owner.json").write_text('{"pod_uid": "uid-someone-else"}')
         planted = dirs.container_root / "0123456789abcdef"
-        planted.mkdir()
-        (planted / "limits").write_text(widened)
+        (planted / "config").mkdir(parents=True)
+        (planted / "config" / "limits").write_text(widened)
 
         again = NodeAgent(
             agent_settings(
@@ -355,13 +366,13 @@ async def test_a_restarted_agent_rebuilds_from_its_own_records_only(
             assert restored.limits.devices[0].memory_limit_mib == SLICE_MIB
             assert restored.pod_uid == "uid-train"
             # The limit file is the agent's again, and the relay serves the directory.
-            assert f"memory_limit_mib={SLICE_MIB}\n" in (directory / "limits").read_text()
-            assert (directory / "relay.sock").is_socket()
+            assert f"memory_limit_mib={SLICE_MIB}\n" in limits.read_text()
+            assert (directory / "state" / "relay.sock").is_socket()
             # What the agent never resolved is not served.
             assert again.relay.container(planted.name) is None
-            assert not (planted / "relay.sock").exists()
+            assert not (planted / "state" / "relay.sock").exists()
             # Its checks use its own figures: a hello with the widened limit is a lie.
-            _, writer = await asyncio.open_unix_connection(str(directory / "relay.sock"))
+            _, writer = await asyncio.open_unix_connection(str(directory / "state" / "relay.sock"))
             writer.write(
                 (
                     '{"v":1,"type":"hello","pid":1,"comm":"main","devices":[{"index":0,'
