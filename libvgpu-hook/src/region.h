@@ -10,7 +10,7 @@
  *   or this layout (zeroed, foreign, another size) is refused: in a container
  *   CUDA then fails to initialise (state.c). The container's processes must
  *   write the region, so they can also corrupt it: the agent never trusts its
- *   figures (docs/security.md).
+ *   figures (docs/nodeagent.md, "The container's directory").
  *
  * - A robust, process-shared mutex guards the memory figures. A process that
  *   dies holding it (SIGKILL) does not block the others: the next locker gets

@@ -9,7 +9,7 @@ nothing in the container (root included) can change them; the two mounts are sib
 neither can shadow the other whatever order a runtime mounts them in. The hook's shared
 accounting region must be writable by every process of the container, so it lives apart, is
 created here with a header the hook checks (a zeroed or foreign file makes CUDA fail to
-initialise), and is never trusted by the agent (docs/security.md).
+initialise), and is never trusted by the agent (docs/nodeagent.md).
 
 Device-plugin agnostic: Allocate uses it today, a DRA driver's NodePrepareResources would too.
 """
