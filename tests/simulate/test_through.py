@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
-
-import yaml
 
 from services.allocator import ALLOCATION_ANNOTATION, Allocator
 from services.simulate import replay as in_process
@@ -76,17 +73,13 @@ def test_through_scheduler_replay_is_what_the_api_server_and_allocator_hold() ->
     assert result.decision_ms and min(result.decision_ms) > 0
 
 
-def test_through_scheduler_follows_the_in_process_replay(tmp_path: Path) -> None:
-    """With the extender's weight above the default scores (as the deploy config must set
-    it) and CPU-only pods by kube-scheduler's LeastAllocated in both, the real path and the
-    in-process replay allocate within a few pods of each other (200 pods on 102 GPUs: one
-    pod is about 1 point)."""
-    document = yaml.safe_load(through.DEPLOY_CONFIG.read_text())
-    document["extenders"][0]["weight"] = 100
-    config = tmp_path / "scheduler.yaml"
-    config.write_text(yaml.safe_dump(document))
+def test_through_scheduler_follows_the_in_process_replay() -> None:
+    """With deploy/k8s's scheduler configuration (every pod to the allocator's prioritize at
+    weight 60) and the allocator watching Nodes and bound pods, the real path allocates what
+    the in-process replay does (measured on seeds 1-3: 0.43, 0.07 and 0.07 points apart;
+    one pod here is about 0.7 points)."""
     nodes, pods = cluster()
-    sequence = arrivals(pods, gpu_capacity(nodes), 1.3, seed=1)
-    mine = in_process.replay(nodes, sequence, "binpack", 1, cpu_pods="least-allocated")
-    real = through.replay(nodes, sequence, "binpack", 1, config_path=config)
-    assert abs(real.alloc_at[1.3] - mine.alloc_at[1.3]) <= 0.03, (real, mine)
+    sequence = arrivals(pods, gpu_capacity(nodes), 1.3, seed=2)
+    mine = in_process.replay(nodes, sequence, "hostpack", 2)
+    real = through.replay(nodes, sequence, "hostpack", 2)
+    assert abs(real.alloc_at[1.3] - mine.alloc_at[1.3]) <= 0.01, (real, mine)
