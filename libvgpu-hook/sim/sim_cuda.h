@@ -12,6 +12,10 @@ struct CUstream_st {
     CUcontext ctx;
     _Atomic uint64_t last_end_ns; /* when the last work queued on this stream ends */
     CUgraph capture;              /* the graph it is capturing into (sim_reserve.c), or NULL */
+    /* The last event recorded here if no work was queued after it yet (sim_exec.c),
+     * and its generation then (events are reused, never freed). */
+    struct CUevent_st *_Atomic waiting_event;
+    _Atomic uint64_t waiting_gen;
 };
 
 struct CUctx_st {

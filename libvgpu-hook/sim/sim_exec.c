@@ -4,6 +4,13 @@
  * time. Every process's kernels on a device queue on that device's shared
  * timeline (sim.h), one after another, first launched first run: two busy
  * processes share a GPU half and half, as with the real driver's time-slicing.
+ * An event is stamped when its stream gets to it: right behind the stream's own
+ * queued work, when that work ends; behind other streams' or processes' work
+ * only, when the device gets there -- or, if the stream queues its next work
+ * first, as that work starts. That is the hardware's channel order: a context's
+ * commands run in order on its own channel, and an event is stamped only when
+ * that context runs, so an event recorded just before a kernel marks the
+ * kernel's start, not the moment it was queued behind another tenant.
  * Launches are asynchronous; a launch blocks only when its stream is already
  * VGPU_SIM_QUEUE_US ahead of the clock (a full launch queue). Synchronisation
  * sleeps until the work it waits for has ended. */
@@ -17,7 +24,9 @@
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
 
 struct CUevent_st {
-    uint64_t t_ns; /* when the stream reaches the event; 0 = never recorded */
+    _Atomic uint64_t t_ns; /* when the device reaches the event; 0 = never recorded */
+    _Atomic uint64_t gen;  /* bumped when destroyed: a stream's stale reference is ignored */
+    struct CUevent_st *next_free;
 };
 struct CUmod_st {
     int unused;
@@ -71,6 +80,11 @@ static void run_on(struct CUstream_st *s, uint64_t gpu_ns)
     atomic_fetch_add(&t->busy_ns_total, gpu_ns);
     sim_atomic_max(&s->last_end_ns, end);
     sim_atomic_max(&s->ctx->last_end_ns, end);
+    /* An event recorded just before, not reached yet: the device reaches it as it starts this. */
+    struct CUevent_st *ev = atomic_exchange(&s->waiting_event, NULL);
+    if (ev && atomic_load(&ev->gen) == atomic_load(&s->waiting_gen) &&
+        atomic_load(&ev->t_ns) > now)
+        atomic_store(&ev->t_ns, end - gpu_ns);
 }
 
 static uint64_t grid_ns(unsigned gx, unsigned gy, unsigned gz)
@@ -151,6 +165,10 @@ SIM_EXPORT CUresult cuCtxSynchronize(void)
 
 /* --- events ------------------------------------------------------------------------------ */
 
+/* Destroyed events are kept for reuse, never freed: a stream may still point at one. */
+static pthread_mutex_t free_events_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct CUevent_st *free_events;
+
 SIM_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int flags)
 {
     (void)flags;
@@ -159,7 +177,16 @@ SIM_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int flags)
         return rc ? rc : CUDA_ERROR_INVALID_VALUE;
     if (!sim_current)
         return CUDA_ERROR_INVALID_CONTEXT;
-    return (*phEvent = calloc(1, sizeof **phEvent)) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&free_events_mu);
+    struct CUevent_st *ev = free_events;
+    if (ev)
+        free_events = ev->next_free;
+    pthread_mutex_unlock(&free_events_mu);
+    if (!ev && !(ev = calloc(1, sizeof *ev)))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    atomic_store(&ev->t_ns, 0);
+    *phEvent = ev;
+    return CUDA_SUCCESS;
 }
 
 SIM_EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
@@ -168,8 +195,17 @@ SIM_EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
     CUresult rc = resolve_stream(hStream, &s);
     if (rc || !hEvent)
         return rc ? rc : CUDA_ERROR_INVALID_HANDLE;
-    uint64_t now = sim_now_ns(), end = atomic_load(&s->last_end_ns);
-    hEvent->t_ns = end > now ? end : now;
+    /* The event is a command in the device's queue like a kernel: it is reached
+     * after all work queued before it, by any stream or process. */
+    /* Right behind its stream's own work, it is reached when that work ends.
+     * Behind other work only, it waits for the device: stamped when the device
+     * gets there, or as the stream's next work starts if that is queued first. */
+    uint64_t now = sim_now_ns(), own = atomic_load(&s->last_end_ns);
+    uint64_t busy = atomic_load(&sim_timelines[s->ctx->dev]->busy_until_ns);
+    int waits = busy > own && busy > now;
+    atomic_store(&hEvent->t_ns, waits ? busy : own > now ? own : now);
+    atomic_store(&s->waiting_gen, atomic_load(&hEvent->gen));
+    atomic_store(&s->waiting_event, waits ? hEvent : NULL);
     return CUDA_SUCCESS;
 }
 
@@ -178,7 +214,7 @@ SIM_EXPORT CUresult cuEventQuery(CUevent hEvent)
     CUresult rc = sim_check_init();
     if (rc || !hEvent)
         return rc ? rc : CUDA_ERROR_INVALID_HANDLE;
-    return sim_now_ns() >= hEvent->t_ns ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    return sim_now_ns() >= atomic_load(&hEvent->t_ns) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 SIM_EXPORT CUresult cuEventSynchronize(CUevent hEvent)
@@ -186,7 +222,7 @@ SIM_EXPORT CUresult cuEventSynchronize(CUevent hEvent)
     CUresult rc = sim_check_init();
     if (rc || !hEvent)
         return rc ? rc : CUDA_ERROR_INVALID_HANDLE;
-    sim_sleep_until(hEvent->t_ns);
+    sim_sleep_until(atomic_load(&hEvent->t_ns));
     sim_pools_sync();
     return CUDA_SUCCESS;
 }
@@ -196,12 +232,13 @@ SIM_EXPORT CUresult cuEventElapsedTime(float *ms, CUevent hStart, CUevent hEnd)
     CUresult rc = sim_check_init();
     if (rc || !ms || !hStart || !hEnd)
         return rc ? rc : CUDA_ERROR_INVALID_VALUE;
-    if (!hStart->t_ns || !hEnd->t_ns)
+    uint64_t start = atomic_load(&hStart->t_ns), end = atomic_load(&hEnd->t_ns);
+    if (!start || !end)
         return CUDA_ERROR_INVALID_HANDLE;
     uint64_t now = sim_now_ns();
-    if (now < hStart->t_ns || now < hEnd->t_ns)
+    if (now < start || now < end)
         return CUDA_ERROR_NOT_READY;
-    *ms = (float)((double)((int64_t)(hEnd->t_ns - hStart->t_ns)) / 1e6);
+    *ms = (float)((double)((int64_t)(end - start)) / 1e6);
     return CUDA_SUCCESS;
 }
 
@@ -210,7 +247,11 @@ SIM_EXPORT CUresult cuEventDestroy_v2(CUevent hEvent)
     CUresult rc = sim_check_init();
     if (rc || !hEvent)
         return rc ? rc : CUDA_ERROR_INVALID_HANDLE;
-    free(hEvent);
+    atomic_fetch_add(&hEvent->gen, 1);
+    pthread_mutex_lock(&free_events_mu);
+    hEvent->next_free = free_events;
+    free_events = hEvent;
+    pthread_mutex_unlock(&free_events_mu);
     return CUDA_SUCCESS;
 }
 

@@ -8,16 +8,19 @@
 
 #define MS 1000000ull
 
+#define BURST (10 * MS)
+#define DEBT (2000 * MS)
+
 /* A container launching as fast as it may: over 10 s of virtual time, kernels
  * of 1 ms at a 30% share run 3000 times, give or take the burst. */
-static void test_gcra_holds_the_share(void)
+static void test_clock_holds_the_share(void)
 {
     _Atomic uint64_t tat = 0;
     uint64_t now = 1000 * MS, end = now + 10000 * MS, launches = 0;
     uint64_t charge = vgpu_launch_charge(1 * MS, 30);
     CHECK(charge == 3333333);
     while (now < end) {
-        now += vgpu_gcra_admit(&tat, now, charge, 10 * MS);
+        now += vgpu_clock_take(&tat, now, charge, 0, BURST, DEBT);
         launches++;
     }
     CHECK(launches >= 3000 && launches <= 3005);
@@ -25,9 +28,93 @@ static void test_gcra_holds_the_share(void)
     /* Idle for a while: no credit piles up beyond the burst. */
     now += 5000 * MS;
     int free_launches = 0;
-    while (vgpu_gcra_admit(&tat, now, charge, 10 * MS) == 0)
+    while (vgpu_clock_take(&tat, now, charge, 0, BURST, DEBT) == 0)
         free_launches++;
     CHECK(free_launches == 4); /* 0, 3.3, 6.7 and 10 ms ahead are within the 10 ms burst */
+}
+
+/* A long kernel costs its own time and no more: the next launch waits what the
+ * long one owes, and short kernels then run at their own rate again. */
+static void test_long_kernel_neither_banks_nor_starves(void)
+{
+    _Atomic uint64_t tat = 0;
+    uint64_t now = 1000 * MS;
+    CHECK(vgpu_clock_take(&tat, now, vgpu_launch_charge(100 * MS, 30), 0, BURST, DEBT) == 0);
+    uint64_t wait = vgpu_clock_take(&tat, now, vgpu_launch_charge(1 * MS, 30), 0, BURST, DEBT);
+    CHECK(wait == 333333333 - BURST);
+    now += wait;
+    uint64_t start = now, gpu = 0;
+    while (now < start + 3000 * MS) {
+        now += vgpu_clock_take(&tat, now, vgpu_launch_charge(1 * MS, 30), 0, BURST, DEBT);
+        gpu += 1 * MS;
+    }
+    CHECK(gpu >= 895 * MS && gpu <= 905 * MS); /* 30% of 3 s */
+
+    /* A kernel longer than the debt bound is charged up to the bound only: no
+     * launch ever waits more than max_debt - burst. */
+    now += 10000 * MS;
+    CHECK(vgpu_clock_take(&tat, now, vgpu_launch_charge(5000 * MS, 30), 0, BURST, DEBT) == 0);
+    CHECK(atomic_load(&tat) == now + DEBT);
+    CHECK(vgpu_clock_take(&tat, now, 1 * MS, 0, BURST, DEBT) == DEBT - BURST);
+    CHECK(atomic_load(&tat) == now + DEBT); /* still capped */
+}
+
+/* Settling: an overcharge given back never puts the clock behind now (no
+ * credit), an undercharge is added (up to the debt bound). */
+static void test_refunds_and_extra_charges(void)
+{
+    _Atomic uint64_t tat = 0;
+    uint64_t now = 1000 * MS;
+    vgpu_clock_take(&tat, now, 50 * MS, 0, BURST, DEBT);
+    vgpu_clock_take(&tat, now, 0, 30 * MS, BURST, DEBT);
+    CHECK(atomic_load(&tat) == now + 20 * MS);
+    vgpu_clock_take(&tat, now, 0, 500 * MS, BURST, DEBT);
+    CHECK(atomic_load(&tat) == now);
+    CHECK(vgpu_clock_take(&tat, now, 0, 0, BURST, DEBT) == 0);
+    vgpu_clock_take(&tat, now, 40 * MS, 0, BURST, DEBT);
+    CHECK(vgpu_clock_take(&tat, now, 0, 0, BURST, DEBT) == 30 * MS);
+    /* A clock left far ahead (older hook, corrupt region) is pulled back to the bound. */
+    atomic_store(&tat, now + 100000 * MS);
+    CHECK(vgpu_clock_take(&tat, now, 1 * MS, 0, BURST, DEBT) == DEBT - BURST);
+}
+
+static void test_cost_table(void)
+{
+    static struct vgpu_cost_table t;
+    int known = 1;
+    uint64_t a = vgpu_cost_key(0x1000, 1, 2, 3), b = vgpu_cost_key(0x1000, 1, 2, 4);
+    CHECK(a != b && a != 0 && vgpu_cost_key(0, 0, 0, 0) != 0);
+    CHECK(vgpu_cost_lookup(&t, a, &known) == 0 && !known);
+    CHECK(vgpu_cost_learn(&t, a, 0, 1) == 0); /* a measured 0 is known */
+    CHECK(vgpu_cost_lookup(&t, a, &known) == 0 && known);
+    vgpu_cost_learn(&t, a, 800, 1); /* suspect: 16 times the average */
+    CHECK(vgpu_cost_lookup(&t, a, &known) == 50 && known);
+    CHECK(vgpu_cost_learn(&t, a, 50, 1) == 50);
+    CHECK(vgpu_cost_learn(&t, a, 250, 1) == 50 + 200 / 16); /* one inflated sample: 1/16 */
+    CHECK(vgpu_cost_learn(&t, a, 10, 1) == 62 - 62 / 4 + 10 / 4); /* lower: 1/4 at once */
+    /* The kernel really got longer: after VGPU_COST_SUSPECTS high samples in a row, 1/4. */
+    uint64_t avg = vgpu_cost_lookup(&t, a, &known);
+    for (int i = 1; i < VGPU_COST_SUSPECTS; i++) {
+        avg = avg - avg / 16 + 1000 / 16;
+        CHECK(vgpu_cost_learn(&t, a, 1000, 1) == avg);
+    }
+    CHECK(vgpu_cost_learn(&t, a, 1000, 1) == avg - avg / 4 + 1000 / 4);
+    for (int i = 0; i < 20; i++)
+        vgpu_cost_learn(&t, a, 200, 1);
+    CHECK(vgpu_cost_lookup(&t, a, &known) <= 205);
+    /* Not exact (bracketed behind queued work): an upper bound, lowers only. */
+    uint64_t before = vgpu_cost_lookup(&t, a, &known);
+    CHECK(vgpu_cost_learn(&t, a, 10 * before, 0) == before);
+    CHECK(vgpu_cost_learn(&t, a, before / 2, 0) == before - (before - before / 2) / 4);
+    vgpu_cost_learn(&t, b, 50 * MS, 1);
+    CHECK(vgpu_cost_lookup(&t, b, &known) == 50 * MS && known);
+    CHECK(vgpu_cost_lookup(&t, a, &known) <= 205 && known); /* short and long kept apart */
+    /* More signatures than entries: every one just learned is found. */
+    for (uint64_t i = 0; i < 4 * VGPU_COST_ENTRIES; i++) {
+        uint64_t k = vgpu_cost_key(i, 7, 7, 7);
+        vgpu_cost_learn(&t, k, i + 1, 1);
+        CHECK(vgpu_cost_lookup(&t, k, &known) == i + 1 && known);
+    }
 }
 
 static void test_cost_estimates(void)
@@ -37,12 +124,9 @@ static void test_cost_estimates(void)
     CHECK(vgpu_launch_charge(UINT64_MAX / 10, 50) > 0); /* saturates, no wrap */
     CHECK(vgpu_cost_average(0, 800) == 800);
     CHECK(vgpu_cost_average(800, 400) == 700);
-    /* 30% of 500 ms in 150 launches: 1 ms each. */
-    CHECK(vgpu_cost_from_util(30, 500 * MS, 150) == 1 * MS);
-    CHECK(vgpu_cost_from_util(0, 500 * MS, 150) == 0);
-    CHECK(vgpu_cost_from_util(-1, 500 * MS, 150) == 0);
-    CHECK(vgpu_cost_from_util(30, 500 * MS, 0) == 0);
-    CHECK(vgpu_cost_from_util(130, 500 * MS, 10) == 0);
+    CHECK(vgpu_sample_cost(5 * MS, 0) == 5 * MS);
+    CHECK(vgpu_sample_cost(5 * MS, 1 * MS) == 4 * MS);
+    CHECK(vgpu_sample_cost(1 * MS, 5 * MS) == 0);
 }
 
 static void test_messages(void)
@@ -99,7 +183,10 @@ static void test_util_parsing(void)
 
 int main(void)
 {
-    test_gcra_holds_the_share();
+    test_clock_holds_the_share();
+    test_long_kernel_neither_banks_nor_starves();
+    test_refunds_and_extra_charges();
+    test_cost_table();
     test_cost_estimates();
     test_messages();
     test_util_parsing();
