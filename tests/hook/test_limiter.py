@@ -53,12 +53,12 @@ def container(root: Path, name: str, cores: int) -> Path:
 
 
 def together(
-    gpu: Path, jobs: list[tuple[Path, str]], seconds: float, *more: str
+    gpu: Path, jobs: list[tuple[Path, str]], seconds: float, kind: str = "kernel"
 ) -> list[dict[str, float]]:
     """Runs launch_load in each container at once on one simulated GPU, asynchronously."""
     procs = [
         subprocess.Popen(
-            [tool("launch_load"), str(seconds), grids, "kernel", "link", "0", *more],
+            [tool("launch_load"), str(seconds), grids, kind, "link", "0"],
             env=hook_env(d, VGPU_SIM_STATE_DIR=str(gpu), VGPU_SIM_QUEUE_US=QUEUE_US),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -135,9 +135,9 @@ def test_a_long_kernel_does_not_starve_the_short_ones_after_it(build: Path, tmp_
 
 @pytest.mark.parametrize("kind", ["kernel", "graph", "ex", "coop"])
 def test_a_limited_container_alone_holds_its_share_without_the_agent(
-    tmp_path: Path, full_rate: float, kind: str
+    build: Path, tmp_path: Path, kind: str
 ) -> None:
-    f = load(container(tmp_path, "limited", 30), kind)
+    (f,) = together(tmp_path / "gpu", [(container(tmp_path, "limited", 30), str(GRID))], 2, kind)
     print(f"\nalone, {kind}: 30% -> {100 * f['busy_share']:.1f}% of the GPU's time")
     assert 0.2 <= f["busy_share"] <= 0.35
 
