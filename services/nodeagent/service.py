@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from importlib import metadata
 from pathlib import Path
+
+import grpc
 
 from services.common import subjects
 from services.common.bus import Bus
@@ -23,7 +26,7 @@ from services.nodeagent.context_overhead import container_overhead, parse_overhe
 from services.nodeagent.device_watch import DeviceWatcher
 from services.nodeagent.gpus import GpuBackend, GpuProcess, NvmlInitError, backend_for
 from services.nodeagent.gpus.backend import LoadSink
-from services.nodeagent.grant import GrantIssuer
+from services.nodeagent.grant import ContainerGrant, GrantIssuer, container_key, plan_grant
 from services.nodeagent.health import HealthMarks, HealthMonitor, parse_xids
 from services.nodeagent.kubelet_checkpoint import CHECKPOINT_FILE, KubeletCheckpoint
 from services.nodeagent.labels import NodeLabeler, gpu_labels, labeler_for
@@ -34,7 +37,7 @@ from services.nodeagent.process_map import ProcessAttributor, figures_of
 from services.nodeagent.publisher import HostCapacity, Publisher
 from services.nodeagent.registration import DevicePluginServer
 from services.nodeagent.relay import RelayHub
-from services.nodeagent.resolver import AllocationResolver
+from services.nodeagent.resolver import AllocateCall, AllocationResolver
 from services.nodeagent.settings import (
     NodeAgentSettings,
     check_settings,
@@ -277,6 +280,17 @@ class NodeAgent:
             record=records.save,
         )
         stack.push_async_callback(resolver.stop)
+        recovery = asyncio.create_task(
+            self._recover_unrecorded(locator, resolver, catalog, {c.key for c in relay.containers}),
+            name=f"recover-{s.node_name}",
+        )
+
+        async def stop_recovery() -> None:
+            recovery.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await recovery
+
+        stack.push_async_callback(stop_recovery)
         janitor = DirectoryJanitor(
             node_name=s.node_name,
             container_root=Path(s.container_root),
@@ -349,6 +363,61 @@ class NodeAgent:
             log.error("cannot restore a container", extra={**fields, "error": str(exc)})
             return
         log.info("container restored from the agent's records", extra=fields)
+
+    async def _recover_unrecorded(
+        self,
+        locator: PodResourcesClient,
+        resolver: AllocationResolver,
+        catalog: DeviceCatalog,
+        recorded: set[str],
+    ) -> None:
+        """Directories of running containers the agent has no record of (its state was lost,
+        or an agent older than its records resolved them): ask the kubelet which containers
+        hold which device IDs and resolve those again, as after an Allocate (PodResources,
+        then the allocator's claim, which is idempotent). Only single-GPU containers: the
+        order of several GPUs, which the limit file must follow, is not in PodResources."""
+        s = self._settings
+        try:
+            held = await locator.held(s.resource_name)
+        except grpc.aio.AioRpcError as exc:
+            log.warning(
+                "kubelet not answering; unrecorded container directories stay unserved",
+                extra={"node": s.node_name, "error": f"{exc.code().name}: {exc.details()}"},
+            )
+            return
+        for grant in self._unrecorded_grants(held, recorded, catalog):
+            log.info(
+                "resolving an unrecorded container directory again",
+                extra={"node": s.node_name, "key": grant.key, "device_ids": grant.device_ids},
+            )
+            now = time.time_ns()
+            resolver.track(AllocateCall(grant, now, now))
+
+    def _unrecorded_grants(
+        self, held: list[set[str]], recorded: set[str], catalog: DeviceCatalog
+    ) -> list[ContainerGrant]:
+        s = self._settings
+        root = Path(s.container_root)
+        hook = Path(s.hook_library) if Path(s.hook_library).is_file() else None
+        grants = []
+        for ids in held:
+            device_ids = sorted(ids)
+            key = container_key(device_ids)
+            if key in recorded or not (root / key).is_dir():
+                continue
+            try:
+                gpus = {catalog.gpu_of(device_id).uuid for device_id in device_ids}
+                if len(gpus) != 1:
+                    raise ValueError("the order of its GPUs is not known to the kubelet's API")
+                grants.append(
+                    plan_grant(catalog, device_ids, root, hook, s.device_list_strategy, s.cdi_kind)
+                )
+            except ValueError as exc:
+                log.warning(
+                    "unrecorded container directory not resolved again",
+                    extra={"node": s.node_name, "key": key, "error": str(exc)},
+                )
+        return grants
 
     def _attach_load(self, load: LoadSink, container: ResolvedContainer) -> None:
         load.detach(container.key)  # a new owner of the directory replaces the old one's load

@@ -385,3 +385,35 @@ async def test_a_restarted_agent_rebuilds_from_its_own_records_only(
             writer.close()
         finally:
             await again.stop()
+
+
+async def test_a_restarted_agent_without_its_records_asks_the_kubelet_and_the_allocator(
+    nats_server: EmbeddedNats, allocator: Allocator, dirs: NodeDirs
+) -> None:
+    """Its state lost (or written by an older agent): the container the kubelet lists is
+    resolved again from PodResources and the allocator's claim, not from its directory."""
+    async with placed(nats_server.url, allocator, dirs) as (_, agent, directory, _uuid):
+        await agent.stop()
+        shutil.rmtree(dirs.state_dir)
+        widened = (
+            (directory / "limits")
+            .read_text()
+            .replace(f"memory_limit_mib={SLICE_MIB}", "memory_limit_mib=999999")
+        )
+        (directory / "limits").write_text(widened)
+        again = NodeAgent(agent_settings(nats_server.url, dirs, **FAST))
+        await again.start()
+        try:
+            restored = await wait_until(
+                lambda: again.relay.container(directory.name), 15, "the directory served again"
+            )
+            assert restored.limits.devices[0].memory_limit_mib == SLICE_MIB
+            assert restored.name == "ml/train/main" and restored.pod_uid == "uid-train"
+            await wait_until(
+                lambda: f"memory_limit_mib={SLICE_MIB}\n" in (directory / "limits").read_text(),
+                15,
+                "the limit file written again from the allocator's decision",
+            )
+            assert (dirs.state_dir / "containers" / f"{directory.name}.json").is_file()
+        finally:
+            await again.stop()
