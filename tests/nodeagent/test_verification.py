@@ -395,12 +395,11 @@ async def test_a_restarted_agent_without_its_records_asks_the_kubelet_and_the_al
     async with placed(nats_server.url, allocator, dirs) as (_, agent, directory, _uuid):
         await agent.stop()
         shutil.rmtree(dirs.state_dir)
-        widened = (
-            (directory / "limits")
-            .read_text()
-            .replace(f"memory_limit_mib={SLICE_MIB}", "memory_limit_mib=999999")
+        limits = directory / "config" / "limits"
+        widened = limits.read_text().replace(
+            f"memory_limit_mib={SLICE_MIB}", "memory_limit_mib=999999"
         )
-        (directory / "limits").write_text(widened)
+        limits.write_text(widened)
         again = NodeAgent(agent_settings(nats_server.url, dirs, **FAST))
         await again.start()
         try:
@@ -410,7 +409,7 @@ async def test_a_restarted_agent_without_its_records_asks_the_kubelet_and_the_al
             assert restored.limits.devices[0].memory_limit_mib == SLICE_MIB
             assert restored.name == "ml/train/main" and restored.pod_uid == "uid-train"
             await wait_until(
-                lambda: f"memory_limit_mib={SLICE_MIB}\n" in (directory / "limits").read_text(),
+                lambda: f"memory_limit_mib={SLICE_MIB}\n" in limits.read_text(),
                 15,
                 "the limit file written again from the allocator's decision",
             )
