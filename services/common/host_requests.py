@@ -59,12 +59,13 @@ def _amounts(
             found.append(None)
             continue
         key = "requests" if name in requests else "limits"
+        field = f"{where}.{name}" if where.endswith("overhead") else f"{where}.{key}.{name}"
         try:
             amount = parse_quantity(raw)
         except QuantityError as exc:
-            raise QuantityError(f"{where}.{key}.{name}: {exc}") from None
+            raise QuantityError(f"{field}: {exc}") from None
         if amount < 0:
-            raise QuantityError(f"{where}.{key}.{name}: must not be negative, got {raw!r}")
+            raise QuantityError(f"{field}: must not be negative, got {raw!r}")
         found.append(convert(amount))
     return found[0], found[1]
 
