@@ -52,6 +52,7 @@ static void after_fork_in_child(void)
             pthread_mutex_init(locks[i].mutex, NULL);
     vgpu_state_after_fork_in_child();
     vgpu_relay_after_fork_in_child();
+    vgpu_log_after_fork_in_child();
 }
 
 __attribute__((constructor)) static void register_fork_handlers(void)

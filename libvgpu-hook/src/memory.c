@@ -72,7 +72,9 @@ int vgpu_stream_device(CUstream stream, CUdevice *dev)
 
 static CUresult refuse_legacy(const char *name)
 {
-    vgpu_log_error("%s (legacy 32-bit entry point) is refused under vgpu: use %s_v2", name, name);
+    static struct vgpu_log_limit legacy = VGPU_LOG_LIMIT("legacy 32-bit entry point refused");
+    vgpu_log_error_limited(&legacy, "%s (legacy 32-bit entry point) is refused under vgpu: use %s_v2",
+                           name, name);
     return CUDA_ERROR_NOT_SUPPORTED;
 }
 

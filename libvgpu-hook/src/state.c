@@ -132,10 +132,12 @@ CUresult vgpu_charge(int dev, uint64_t bytes)
     int s = vgpu_slot();
     if (s >= 0 && vgpu_region_reserve(vgpu_region, s, dev, bytes, limit, &used) == 0)
         return CUDA_SUCCESS;
+    static struct vgpu_log_limit over_limit = VGPU_LOG_LIMIT("out of memory on device");
     char u[32], a[32], l[32];
-    vgpu_log_error("out of memory on device %d: used %s + asked %s > limit %s", dev,
-                   vgpu_format_size(u, sizeof u, used), vgpu_format_size(a, sizeof a, bytes),
-                   vgpu_format_size(l, sizeof l, limit));
+    vgpu_log_error_limited(&over_limit, "out of memory on device %d: used %s + asked %s > limit %s",
+                           dev, vgpu_format_size(u, sizeof u, used),
+                           vgpu_format_size(a, sizeof a, bytes),
+                           vgpu_format_size(l, sizeof l, limit));
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 

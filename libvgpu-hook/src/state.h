@@ -28,7 +28,7 @@ int vgpu_current(CUcontext *ctx, CUdevice *dev);
 uint64_t vgpu_limit_bytes(int dev);
 
 /* Charges bytes on dev to this process, within the container's limit.
- * CUDA_SUCCESS, or CUDA_ERROR_OUT_OF_MEMORY after logging
+ * CUDA_SUCCESS, or CUDA_ERROR_OUT_OF_MEMORY after logging (rate-limited, log.h)
  * "out of memory on device <d>: used <u> + asked <a> > limit <l>". */
 CUresult vgpu_charge(int dev, uint64_t bytes);
 void vgpu_uncharge(int dev, uint64_t bytes);
