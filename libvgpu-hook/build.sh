@@ -40,7 +40,7 @@ mkdir -p "$OUT/sim" "$OUT/tests"
 
 HOOK_SOURCES="src/functions.c src/interpose.c src/state.c src/config.c src/limits.c src/region.c
     src/track.c src/memory.c src/pool.c src/vmm.c src/graph_memory.c src/context.c src/procaddr.c src/launch.c src/limiter.c src/relay.c
-    src/relay_msg.c src/nvml.c src/log.c src/fork.c"
+    src/relay_msg.c src/nvml.c src/log.c src/fork.c src/liveness.c"
 
 # Independent compilations run in parallel; `wait` collects them.
 pids=""
@@ -86,7 +86,8 @@ pids="$pids $!"
 cc "$OUT/tests/track_test" -Isrc tests/track_test.c src/track.c -pthread &
 pids="$pids $!"
 # shellcheck disable=SC2086
-cc "$OUT/tests/region_test" -Isrc tests/region_test.c src/region.c src/log.c -pthread &
+cc "$OUT/tests/region_test" -Isrc tests/region_test.c src/region.c src/liveness.c src/log.c \
+    -pthread &
 pids="$pids $!"
 # shellcheck disable=SC2086
 cc "$OUT/tests/policy_test" -Isrc tests/policy_test.c src/limiter.c src/relay_msg.c -pthread &

@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 
+#include "liveness.h"
 #include "log.h"
 
 #define MAX_LOCKS 32
@@ -53,6 +54,7 @@ static void after_fork_in_child(void)
     vgpu_state_after_fork_in_child();
     vgpu_relay_after_fork_in_child();
     vgpu_log_after_fork_in_child();
+    vgpu_liveness_after_fork_in_child();
 }
 
 __attribute__((constructor)) static void register_fork_handlers(void)

@@ -3,7 +3,6 @@
 #include <errno.h>
 #include <stddef.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
@@ -11,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "liveness.h"
 #include "log.h"
 
 static void set_err(char *err, size_t errlen, const char *path, const char *what)
@@ -134,6 +134,8 @@ struct vgpu_region *vgpu_region_open(const char *path, int create, char *err, si
         r->layout = VGPU_REGION_LAYOUT;
         __atomic_store_n(&r->size, (uint32_t)sizeof *r, __ATOMIC_RELEASE);
     }
+    if (!why[0])
+        vgpu_liveness_register(r, path, &st);
 out:
     /* Explicitly: the mapping keeps the open file, and with it the flock, alive. */
     flock(fd, LOCK_UN);
@@ -162,7 +164,11 @@ struct vgpu_region *vgpu_region_private(void)
 uint64_t vgpu_process_start_time(pid_t pid)
 {
     char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    /* Our own through "self": /proc may be another PID namespace's. */
+    if (pid == getpid())
+        snprintf(path, sizeof path, "/proc/self/stat");
+    else
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
     FILE *f = fopen(path, "re");
     if (!f)
         return 0;
@@ -181,13 +187,11 @@ uint64_t vgpu_process_start_time(pid_t pid)
     return start;
 }
 
-static int slot_alive(const struct vgpu_slot *s)
+/* Caller holds the lock; my_pidns: vgpu_pidns(). */
+static int slot_alive(struct vgpu_region *r, int slot, uint32_t my_pidns)
 {
-    if (kill(s->pid, 0) != 0 && errno == ESRCH)
-        return 0;
-    /* The pid exists (or we may not signal it): is it still the same process? */
-    uint64_t start = vgpu_process_start_time(s->pid);
-    return !(start && s->start_time && start != s->start_time);
+    const struct vgpu_slot *s = &r->slots[slot];
+    return vgpu_liveness_alive(r, slot, s->locked, s->pid, s->pidns, s->start_time, my_pidns);
 }
 
 /* Caller holds the lock. */
@@ -278,6 +282,8 @@ static void free_slot(struct vgpu_region *r, int slot)
         if (r->exports[i].hash && r->exports[i].slot == slot)
             r->exports[i].hash = 0;
     s->start_time = 0;
+    s->pidns = 0;
+    s->locked = 0;
     s->pid = 0;
 }
 
@@ -285,8 +291,9 @@ static void free_slot(struct vgpu_region *r, int slot)
 static int reap_locked(struct vgpu_region *r)
 {
     int reaped = 0;
+    uint32_t my_pidns = vgpu_pidns();
     for (int i = 0; i < VGPU_REGION_SLOTS; i++) {
-        if (r->slots[i].pid && !slot_alive(&r->slots[i])) {
+        if (r->slots[i].pid && !slot_alive(r, i, my_pidns)) {
             free_slot(r, i);
             reaped++;
         }
@@ -306,12 +313,16 @@ int vgpu_region_attach(struct vgpu_region *r, pid_t pid)
 {
     int slot = -1;
     uint64_t start = vgpu_process_start_time(pid);
+    uint32_t pidns = vgpu_pidns();
     vgpu_region_lock(r);
     reap_locked(r);
     for (int i = 0; i < VGPU_REGION_SLOTS && slot < 0; i++) {
         if (!r->slots[i].pid) {
             slot = i;
             memset(r->slots[i].used, 0, sizeof r->slots[i].used);
+            /* The lock before the pid: a reaper never sees the slot taken but unlocked. */
+            r->slots[i].locked = pid == getpid() && vgpu_liveness_claim(r, i);
+            r->slots[i].pidns = pidns;
             r->slots[i].start_time = start;
             r->slots[i].pid = pid;
         }
@@ -326,6 +337,7 @@ void vgpu_region_detach(struct vgpu_region *r, int slot)
         return;
     vgpu_region_lock(r);
     free_slot(r, slot);
+    vgpu_liveness_release(r, slot);
     vgpu_region_unlock(r);
 }
 
@@ -410,10 +422,11 @@ void vgpu_region_export_add(struct vgpu_region *r, int slot, uint64_t hash)
 int vgpu_region_export_known(struct vgpu_region *r, uint64_t hash)
 {
     int known = 0;
+    uint32_t my_pidns = vgpu_pidns();
     vgpu_region_lock(r);
     for (int i = 0; i < VGPU_REGION_EXPORTS && !known; i++)
         known = hash && r->exports[i].hash == hash && r->slots[r->exports[i].slot].pid &&
-                slot_alive(&r->slots[r->exports[i].slot]);
+                slot_alive(r, r->exports[i].slot, my_pidns);
     vgpu_region_unlock(r);
     return known;
 }

@@ -17,10 +17,12 @@
  *   EOWNERDEAD, recomputes the totals from the per-process slots (each slot
  *   value is written in one store, so slots are always whole) and marks the
  *   mutex consistent.
- * - Each process has a slot: its pid, its start time and what it holds per
- *   device. Slots of dead processes are reaped (kill(pid, 0) fails with ESRCH,
- *   or /proc shows another process under that pid) when a process attaches
- *   and before an allocation is refused, and what they held is given back.
+ * - Each process has a slot: its pid, PID namespace and start time and what
+ *   it holds per device. Slots of dead processes are reaped when a process
+ *   attaches and before an allocation is refused, and what they held is given
+ *   back. Whether an owner is dead is proven by a file lock it holds while it
+ *   lives, valid across PID namespaces (liveness.h); a slot whose owner cannot
+ *   be proven dead is never reaped.
  * - Launch counters and the compute limiter's state are atomics, outside the
  *   lock.
  * - IPC exports of the container's processes are listed, so that importing
@@ -44,7 +46,7 @@
 
 #define VGPU_REGION_FILE "hook.region"
 #define VGPU_REGION_MAGIC 0x3147455255504756ull /* "VGPUREG1" */
-#define VGPU_REGION_LAYOUT 2
+#define VGPU_REGION_LAYOUT 3
 #define VGPU_REGION_SLOTS 256
 #define VGPU_REGION_EXPORTS 256
 #define VGPU_REGION_SHARED 64
@@ -52,9 +54,11 @@
 #define VGPU_REGION_HEADER_BYTES 16 /* magic, layout, size: what the agent writes */
 
 struct vgpu_slot {
-    int32_t pid;         /* 0 = free */
-    uint32_t unused;
+    int32_t pid;         /* 0 = free; as the owner's PID namespace numbers it */
+    uint32_t pidns;      /* inode of that PID namespace; 0 if unknown */
     uint64_t start_time; /* /proc/<pid>/stat field 22; 0 if unknown */
+    uint32_t locked;     /* 1: the owner holds its slot's file lock (liveness.h) */
+    uint32_t unused;
     uint64_t used[VGPU_MAX_DEVICES]; /* bytes this process holds */
     _Atomic uint64_t launches[VGPU_MAX_DEVICES];
 };
@@ -97,7 +101,9 @@ int vgpu_region_intact(const struct vgpu_region *r);
 struct vgpu_region *vgpu_region_private(void);
 
 /* Takes a slot for pid (reaping dead ones first). Slot index, or -1 if all
- * are taken by live processes. */
+ * are taken by live processes. For the calling process (pid == getpid()) the
+ * slot's liveness lock is taken; any other pid must be one of the caller's
+ * PID namespace, and its slot is judged by pid from that namespace only. */
 int vgpu_region_attach(struct vgpu_region *r, pid_t pid);
 
 /* Gives back everything the slot holds and frees it. */
