@@ -66,7 +66,7 @@ static int own_fd(struct mapping *m)
     if (m->fd >= 0 && m->pid == getpid())
         return m->fd;
     forget_inherited(m);
-    int fd = open(m->path, O_RDWR | O_CLOEXEC);
+    int fd = open(m->path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd >= 0 && !same_file(fd, m)) { /* replaced since: not our region */
         close(fd);
         fd = -1;
