@@ -46,9 +46,9 @@ class HostUsage:
     def reserve(self, uid: str, node: str, cpu_milli: int, memory_mib: int) -> None:
         """This allocator bound the pod: count it until the cluster says more."""
         known = self._pods.get(uid)
-        if known is None or (not known.observed and known != Held(node, cpu_milli, memory_mib,
-                                                                   False)):  # fmt: skip
-            self._set(uid, Held(node, cpu_milli, memory_mib, False))
+        reserved = Held(node, cpu_milli, memory_mib, False)
+        if known is None or (not known.observed and known != reserved):
+            self._set(uid, reserved)
 
     def unreserve(self, uid: str) -> None:
         known = self._pods.get(uid)
