@@ -48,6 +48,9 @@ spec:
     image: busybox:1.36
 """
 CAP_SYS_ADMIN = 21
+# Each `vgpu run` is a Python start-up and a container set up; on a loaded machine a test
+# making several of them outlasts the default 120 s.
+pytestmark = pytest.mark.timeout(400)
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="vgpu run needs root, as runtimes do")
 
@@ -285,6 +288,30 @@ def test_exit_status_and_signals_pass_through(up: Up) -> None:
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=20) == 42
     assert process.stdout.read() == "got TERM\n"
+
+
+# Regression: PID 1 lost a command that exited at once (its Popen, collected, reaped it first)
+# and waited forever; before the fix one run in a few dozen hung.
+QUICK_RUNS = """
+import os
+from services.cli.container.spec import ContainerSpec
+from services.cli.container.supervise import run
+for _ in range(100):
+    pid = os.fork()  # run() makes one PID namespace per process
+    if pid == 0:
+        os._exit(run(ContainerSpec(argv=["true"], hostname="quick", env={"PATH": "/bin"})))
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+print("done")
+"""
+
+
+def test_a_hundred_commands_that_exit_at_once_never_hang() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("vgpu run needs root")
+    result = subprocess.run(
+        [sys.executable, "-c", QUICK_RUNS], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert result.stdout == "done\n", result.stderr
 
 
 def test_bad_targets_are_named(up: Up) -> None:

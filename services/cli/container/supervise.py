@@ -47,7 +47,10 @@ def _fail(message: str, code: int = EXIT_RUNTIME_FAILED) -> None:
     os._exit(code)
 
 
-def _spawn(spec: ContainerSpec, cap_last: int) -> int:
+def _spawn(spec: ContainerSpec, cap_last: int) -> subprocess.Popen[bytes]:
+    """The command, started. The caller must keep the Popen alive: a collected Popen reaps
+    its child in __del__ if it already exited, and PID 1's wait would never see it."""
+
     def drop() -> None:
         try:
             creds.drop_to(spec, cap_last)
@@ -63,7 +66,7 @@ def _spawn(spec: ContainerSpec, cap_last: int) -> int:
         _fail(f"{spec.argv[0]}: permission denied (uid {spec.uid})", EXIT_CANNOT_INVOKE)
     except (OSError, subprocess.SubprocessError) as exc:
         _fail(f"cannot start {spec.argv[0]}: {exc}")
-    return child.pid
+    return child
 
 
 def _init(spec: ContainerSpec, scratch: str) -> None:
@@ -78,7 +81,8 @@ def _init(spec: ContainerSpec, scratch: str) -> None:
         rootfs.build(spec, scratch)
     except (OSError, rootfs.RootfsError) as exc:
         _fail(f"cannot set up the container: {exc}")
-    main = _spawn(spec, cap_last)
+    command = _spawn(spec, cap_last)  # held until os._exit (see _spawn)
+    main = command.pid
     while True:
         info = signal.sigwaitinfo(_WAITED)
         if info.si_signo != signal.SIGCHLD:
