@@ -71,6 +71,9 @@ done
 # shellcheck disable=SC2086
 cc "$OUT/tests/nvml_query" tests/nvml_query.c -ldl &
 pids="$pids $!"
+# shellcheck disable=SC2086
+cc "$OUT/tests/nvml_procs" tests/nvml_procs.c -ldl &
+pids="$pids $!"
 # Loader and fork safety reproducers (tests/hook/test_loader_fork.py).
 # shellcheck disable=SC2086
 cc "$OUT/tests/libdl_race_plugin.so" -shared tests/dl_race_plugin.c -ldl &

@@ -6,12 +6,16 @@
  * sees its GPUs as 0..n-1, like CUDA does). Without UUIDs for every device
  * the driver's numbering is kept. Memory info of a limited device reports
  * total = min(limit, real total), used = what the container's processes hold
- * (the shared region), free = total - used. */
+ * (the shared region), free = total - used. Process lists (compute, graphics,
+ * MPS; every version) show only the container's processes: those with a live
+ * slot in its region. */
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "fork.h"
 #include "functions.h"
+#include "liveness.h"
 #include "log.h"
 #include "state.h"
 
@@ -167,3 +171,78 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *me
     }
     return rc;
 }
+
+/* --- process lists: only the container's processes ----------------------------------------- */
+
+typedef nvmlReturn_t (*list_call)(void *real, nvmlDevice_t device, unsigned int *count, void *buf);
+
+#define LIST_ON_STACK 64
+
+/* Asks the driver for the whole list (growing the buffer as it says), keeps
+ * the entries whose pid is a live process of this container's region (pids
+ * as this process's PID namespace numbers them), and answers with NVML's
+ * two-call protocol: too small a buffer gets the count and
+ * NVML_ERROR_INSUFFICIENT_SIZE. Every entry type starts with the pid. */
+static nvmlReturn_t only_ours(list_call call, void *real, size_t size, nvmlDevice_t device,
+                              unsigned int *count, void *infos)
+{
+    if (!count || !vgpu_ready())
+        return call(real, device, count, infos);
+    unsigned char on_stack[LIST_ON_STACK * sizeof(nvmlProcessInfo_t)];
+    unsigned char *buf = on_stack;
+    unsigned cap = LIST_ON_STACK, n = cap;
+    nvmlReturn_t rc = call(real, device, &n, buf);
+    for (int tries = 0; rc == NVML_ERROR_INSUFFICIENT_SIZE && n > cap && tries < 4; tries++) {
+        cap = n + 16; /* room for processes that start meanwhile */
+        unsigned char *bigger = realloc(buf == on_stack ? NULL : buf, (size_t)cap * size);
+        if (!bigger) {
+            rc = NVML_ERROR_MEMORY;
+            break;
+        }
+        buf = bigger, n = cap;
+        rc = call(real, device, &n, buf);
+    }
+    if (rc == NVML_SUCCESS) {
+        uint32_t pidns = vgpu_pidns();
+        unsigned kept = 0;
+        for (unsigned i = 0; i < n; i++) {
+            unsigned int pid;
+            memcpy(&pid, buf + (size_t)i * size, sizeof pid);
+            if (vgpu_region_has_process(vgpu_region, (int32_t)pid, pidns))
+                memmove(buf + (size_t)kept++ * size, buf + (size_t)i * size, size);
+        }
+        if (*count < kept)
+            rc = NVML_ERROR_INSUFFICIENT_SIZE;
+        else if (kept && !infos)
+            rc = NVML_ERROR_INVALID_ARGUMENT;
+        else if (kept)
+            memcpy(infos, buf, (size_t)kept * size);
+        *count = kept;
+    }
+    if (buf != on_stack)
+        free(buf);
+    return rc;
+}
+
+#define PROCESS_LIST(name, info_t)                                                             \
+    static nvmlReturn_t call_##name(void *real, nvmlDevice_t device, unsigned int *count,      \
+                                    void *buf)                                                 \
+    {                                                                                          \
+        return ((vgpu_##name##_fn)real)(device, count, (info_t *)buf);                         \
+    }                                                                                          \
+    nvmlReturn_t name(nvmlDevice_t device, unsigned int *infoCount, info_t *infos)             \
+    {                                                                                          \
+        REAL_OR_RETURN(name);                                                                  \
+        return only_ours(call_##name, (void *)real, sizeof(info_t), device, infoCount, infos); \
+    }                                                                                          \
+    _Static_assert(1, "")
+
+PROCESS_LIST(nvmlDeviceGetComputeRunningProcesses, nvmlProcessInfo_v1_t);
+PROCESS_LIST(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_t);
+PROCESS_LIST(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_t);
+PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses, nvmlProcessInfo_v1_t);
+PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlProcessInfo_t);
+PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_t);
+PROCESS_LIST(nvmlDeviceGetMPSComputeRunningProcesses, nvmlProcessInfo_v1_t);
+PROCESS_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v2, nvmlProcessInfo_t);
+PROCESS_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v3, nvmlProcessInfo_t);

@@ -301,6 +301,18 @@ static int reap_locked(struct vgpu_region *r)
     return reaped;
 }
 
+int vgpu_region_has_process(struct vgpu_region *r, int32_t pid, uint32_t pidns)
+{
+    int found = 0;
+    if (pid <= 0 || !pidns)
+        return 0;
+    vgpu_region_lock(r);
+    for (int i = 0; i < VGPU_REGION_SLOTS && !found; i++)
+        found = r->slots[i].pid == pid && r->slots[i].pidns == pidns && slot_alive(r, i, pidns);
+    vgpu_region_unlock(r);
+    return found;
+}
+
 int vgpu_region_reap(struct vgpu_region *r)
 {
     vgpu_region_lock(r);

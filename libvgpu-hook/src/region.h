@@ -123,6 +123,11 @@ void vgpu_region_release(struct vgpu_region *r, int slot, int dev, uint64_t byte
 uint64_t vgpu_region_used(struct vgpu_region *r, int dev);
 uint64_t vgpu_region_slot_used(struct vgpu_region *r, int slot, int dev);
 
+/* 1 if a live slot belongs to the process numbered pid in the PID namespace
+ * with inode pidns (the caller's, for pids NVML gives it): is it one of the
+ * container's processes? */
+int vgpu_region_has_process(struct vgpu_region *r, int32_t pid, uint32_t pidns);
+
 /* Frees the slots of dead processes; returns how many. */
 int vgpu_region_reap(struct vgpu_region *r);
 
