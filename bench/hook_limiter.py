@@ -178,7 +178,7 @@ def main() -> None:
         "(about 80 ns a launch here); the hook's gate adds a signature hash, a lookup in the "
         "per-process cost table, the per-thread token spend and the capture check, and reads "
         "no clock and writes no shared memory except when a thread reserves a new chunk of "
-        "the container's clock, samples a launch or flushes its launch count (every 64).",
+        "the container's clock, samples a launch or flushes its launch count (every 256).",
     ]
     report = "\n".join(lines)
     print(report)

@@ -35,7 +35,7 @@
 #define TOKEN_CHUNK_NS (1 * MS)     /* a busy thread reserves the shared clock this much at once */
 #define TOKEN_TTL_NS (2 * MS)       /* a thread reserving again within this takes a chunk */
 #define SAMPLE_EVERY_COST_NS (2 * MS) /* per thread: one sample per ~2 ms of GPU time charged */
-#define SAMPLE_EVERY_LAUNCHES 256   /* ... or per ~256 launches, whichever comes first */
+#define SAMPLE_EVERY_LAUNCHES 1024  /* ... or per ~1024 launches, whichever comes first */
 #define SAMPLE_SLOTS 32             /* event pairs in flight per process */
 #define POLL_EVERY_COST_NS (100 * 1000ull) /* per thread, while samples are pending: look */
 #define POLL_EVERY_LAUNCHES 16             /* at them after 100 us of GPU time or 16 launches */
@@ -46,10 +46,11 @@
 #define MAX_SAMPLE_NS (3600000 * MS)
 #define AGENT_FRESH_NS (3000 * MS)
 #define OTHERS_IDLE_PERCENT 5.0
-#define COUNT_FLUSH 64 /* launches a thread counts before adding them to the region */
+#define COUNT_FLUSH 256 /* launches a thread counts before adding them to the region */
 
 struct device {
     unsigned share; /* 1-99; 0 = not limited */
+    uint64_t charge_q16; /* 100 / share in 16.16 fixed point: no division per launch */
     _Atomic uint64_t mean_cost_ns; /* provisional cost of a signature not measured yet */
     _Atomic uint64_t agent_until_ns;
     _Atomic int others_idle;
@@ -74,6 +75,7 @@ struct sample {
 struct thread_state {
     uint64_t launches[VGPU_MAX_DEVICES];
     unsigned unflushed;
+    uint64_t launched; /* by this thread, ever */
     int registered;
     uint64_t tokens_ns[VGPU_MAX_DEVICES], reserved_at_ns[VGPU_MAX_DEVICES];
     uint64_t cost_since_sample, sample_after_cost, cost_since_poll;
@@ -137,6 +139,8 @@ void vgpu_launch_init(void)
         devices[d].share = vgpu_cfg.policy != VGPU_COMPUTE_OFF && cores > 0 && cores < 100 ? cores
                                                                                           : 0;
         any_limited |= devices[d].share != 0;
+        if (devices[d].share)
+            devices[d].charge_q16 = (100ull << 16) / devices[d].share;
     }
     single_device = vgpu_cfg.described_devices == 1;
     is_capturing_fn = REAL(cuStreamIsCapturing);
@@ -415,7 +419,11 @@ static void gate_enter(struct gate *g, CUstream stream, uint64_t signature)
             pthread_setspecific(thread_key, &me);
     }
     me.launches[dev]++;
-    if (++me.unflushed >= COUNT_FLUSH)
+    /* Flushed every COUNT_FLUSH, and at 1, 2, 4, ... before: a short-lived
+     * thread's first launches show without waiting for its exit. */
+    ++me.launched;
+    if (++me.unflushed >= COUNT_FLUSH ||
+        (me.launched < COUNT_FLUSH && !(me.launched & (me.launched - 1))))
         flush_counts(&me);
     struct device *dv = &devices[dev];
     if (!any_limited || !dv->share)
@@ -434,7 +442,8 @@ static void gate_enter(struct gate *g, CUstream stream, uint64_t signature)
                atomic_load_explicit(&dv->others_idle, memory_order_relaxed) &&
                vgpu_now_ns() < atomic_load_explicit(&dv->agent_until_ns, memory_order_relaxed);
     if (!free && cost)
-        admit(dev, vgpu_launch_charge(cost, dv->share));
+        admit(dev, cost < (1ull << 40) ? (cost * dv->charge_q16) >> 16
+                                       : vgpu_launch_charge(cost, dv->share));
     if (sample_due(cost) || !known) {
         begin_sample(g, dev, key, cost, known, !free, stream);
         g->launching_ns = vgpu_now_ns();

@@ -35,36 +35,6 @@ uint64_t vgpu_sample_cost(uint64_t elapsed_ns, uint64_t idle_gap_ns)
     return elapsed_ns > idle_gap_ns ? elapsed_ns - idle_gap_ns : 0;
 }
 
-uint64_t vgpu_cost_key(uint64_t a, uint64_t b, uint64_t c, uint64_t d)
-{
-    /* splitmix64 finaliser over a simple combination */
-    uint64_t x = a ^ (b * 0x9e3779b97f4a7c15ull) ^ (c * 0xc2b2ae3d27d4eb4full) ^
-                 (d * 0x165667b19e3779f9ull);
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x ? x : 1;
-}
-
-uint64_t vgpu_cost_lookup(struct vgpu_cost_table *t, uint64_t key, int *known)
-{
-    for (unsigned i = 0; i < VGPU_COST_PROBES; i++) {
-        unsigned at = (unsigned)(key + i) & (VGPU_COST_ENTRIES - 1);
-        uint64_t k = atomic_load_explicit(&t->e[at].key, memory_order_acquire);
-        if (k == key) {
-            uint64_t c = atomic_load_explicit(&t->e[at].cost_ns, memory_order_relaxed);
-            *known = c != 0;
-            return c ? c - 1 : 0;
-        }
-        if (k == 0)
-            break;
-    }
-    *known = 0;
-    return 0;
-}
-
 /* The new average of an entry holding c (cost + 1, 0 = none) after sample. */
 static uint64_t fold(uint64_t c, uint64_t sample, int exact, _Atomic uint32_t *suspects)
 {

@@ -53,11 +53,37 @@ struct vgpu_cost_table {
     } e[VGPU_COST_ENTRIES];
 };
 
-/* A signature's key (never 0) from up to four words. */
-uint64_t vgpu_cost_key(uint64_t a, uint64_t b, uint64_t c, uint64_t d);
+/* A signature's key (never 0) from up to four words. Inline: every launch. */
+static inline uint64_t vgpu_cost_key(uint64_t a, uint64_t b, uint64_t c, uint64_t d)
+{
+    /* splitmix64 finaliser over a simple combination */
+    uint64_t x = a ^ (b * 0x9e3779b97f4a7c15ull) ^ (c * 0xc2b2ae3d27d4eb4full) ^
+                 (d * 0x165667b19e3779f9ull);
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x ? x : 1;
+}
 
 /* The learned cost of key; returns 0 and sets *known = 0 when not learned. */
-uint64_t vgpu_cost_lookup(struct vgpu_cost_table *t, uint64_t key, int *known);
+static inline uint64_t vgpu_cost_lookup(struct vgpu_cost_table *t, uint64_t key, int *known)
+{
+    for (unsigned i = 0; i < VGPU_COST_PROBES; i++) {
+        unsigned at = (unsigned)(key + i) & (VGPU_COST_ENTRIES - 1);
+        uint64_t k = atomic_load_explicit(&t->e[at].key, memory_order_acquire);
+        if (k == key) {
+            uint64_t c = atomic_load_explicit(&t->e[at].cost_ns, memory_order_relaxed);
+            *known = c != 0;
+            return c ? c - 1 : 0;
+        }
+        if (k == 0)
+            break;
+    }
+    *known = 0;
+    return 0;
+}
 
 /* Folds a measured sample into key's average (inserting it if new) and returns
  * the new average. A measurement can only be too long (another tenant's work
