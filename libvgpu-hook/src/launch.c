@@ -17,7 +17,8 @@
  *     was charged and what it used on the clock.
  * Under the `share` policy a device is not throttled while the node agent
  * reports that nobody else uses the GPU (work-conserving); under `hard` always.
- * Launches that a stream captures into a graph run nothing and are let through. */
+ * Launches that a stream captures into a graph run nothing and are let through
+ * (checked when a thread reserves or samples: the fast path spends tokens). */
 #include "launch.h"
 
 #include <pthread.h>
@@ -314,18 +315,23 @@ static uint64_t hold(uint64_t ns)
     return vgpu_now_ns();
 }
 
-/* Admits a launch charged `charge` of wall time on device dev. The thread first
+/* Admits a launch charged `charge` of wall time on device dev. A launch into a
+ * stream capturing a graph runs nothing and is let through; that is checked
+ * only when the thread has to reserve (a captured launch may spend tokens the
+ * thread holds: at most one chunk per capture). The thread first
  * spends what it reserved before (at most one chunk: the only credit a thread
  * keeps besides the container's burst); a thread that reserved within the last
  * TOKEN_TTL reserves at least a chunk, one that did not exactly its charge
  * (and gives back what it had left). */
-static void admit(int dev, uint64_t charge)
+static void admit(int dev, uint64_t charge, CUstream stream)
 {
     uint64_t *tokens = &me.tokens_ns[dev];
     if (*tokens >= charge) {
         *tokens -= charge;
         return;
     }
+    if (capturing(stream))
+        return;
     uint64_t now = vgpu_now_ns();
     int recent = now - me.reserved_at_ns[dev] < TOKEN_TTL_NS;
     uint64_t refund = recent ? 0 : *tokens, have = recent ? *tokens : 0;
@@ -429,8 +435,6 @@ static void gate_enter(struct gate *g, CUstream stream, uint64_t signature)
     if (!any_limited || !dv->share)
         return;
 
-    if (capturing(stream))
-        return;
     uint64_t key = signature + (uint64_t)dev * 0x9e3779b97f4a7c15ull; /* per device */
     key += !key;
     int known;
@@ -442,9 +446,11 @@ static void gate_enter(struct gate *g, CUstream stream, uint64_t signature)
                atomic_load_explicit(&dv->others_idle, memory_order_relaxed) &&
                vgpu_now_ns() < atomic_load_explicit(&dv->agent_until_ns, memory_order_relaxed);
     if (!free && cost)
-        admit(dev, cost < (1ull << 40) ? (cost * dv->charge_q16) >> 16
-                                       : vgpu_launch_charge(cost, dv->share));
-    if (sample_due(cost) || !known) {
+        admit(dev,
+              cost < (1ull << 40) ? (cost * dv->charge_q16) >> 16
+                                  : vgpu_launch_charge(cost, dv->share),
+              stream);
+    if ((sample_due(cost) || !known) && !capturing(stream)) {
         begin_sample(g, dev, key, cost, known, !free, stream);
         g->launching_ns = vgpu_now_ns();
     }
