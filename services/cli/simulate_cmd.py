@@ -56,14 +56,15 @@ FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
     type=click.Choice(["vgpu", "paper"]),
     default="vgpu",
     show_default=True,
-    help="vgpu: every pod through vgpu's placement engine; paper: the FGD paper's simulator "
+    help="vgpu: GPU pods through vgpu's placement engine, CPU-only pods by --cpu-pods; paper: "
+    "the FGD paper's simulator "
     "(its resource model, workload sampling and baselines, each placing CPU-only pods too).",
 )
 @click.option(
     "--through-scheduler",
     is_flag=True,
     help="Replay through the real services: a kube-scheduler emulation (default profile, the "
-    "deploy config's extender) calling the allocator's extender over HTTP in Kubernetes mode "
+    "deploy config's extenders) calling the allocator's extender over HTTP in Kubernetes mode "
     "against the in-process API server, inventories over a real nats-server. Slow: minutes "
     f"per replay at 1,213 nodes. Policies: the engine's (default {DEFAULT_POLICY}).",
 )
