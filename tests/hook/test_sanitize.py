@@ -36,6 +36,10 @@ def test_hook_tests_pass_under_asan_and_ubsan(build: Path) -> None:
     tests.append(
         str(here / "test_loader_fork.py::test_dl_race_answers_driver_lookups_with_the_hook")
     )
+    tests.append(
+        str(here / "test_nvml_processes.py::test_nvml_lists_only_the_containers_processes")
+    )
+    tests.append(str(here / "test_log_rate.py"))
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
         env={**os.environ, "SANITIZE": "1"},
