@@ -6,7 +6,10 @@
  *   VGPU_FORK_HOLD(id, &mutex)   a leaf: never held while calling the driver,
  *       NVML or anything else that may wait for another library's lock. Taken
  *       before fork (so what it guards is consistent in the child) and
- *       released after it, in parent and child.
+ *       released after it, in parent and child. The wait for it is bounded
+ *       (1 s; only a fork from a signal handler that interrupted its holder
+ *       could need longer): past that, fork goes ahead without it and the
+ *       child re-initialises it.
  *   VGPU_FORK_RESET(id, &mutex)  held across driver calls: taking it before
  *       fork could deadlock against the driver's own fork handlers, so the
  *       child re-initialises it instead (what it guards must be plain values
