@@ -220,7 +220,7 @@ BYPASS_MIB = 2 * SLICE_MIB
 
 
 async def bypass_and_wait_for_the_agent(up: Up) -> SliceViolation:
-    """Run examples/bypass-hook.py in the container; the agent's over_limit finding for it, from NATS."""
+    """Run examples/bypass-hook.py in the container; the agent's over_limit finding, from NATS."""
     client = await nats.connect(json.loads(up.state.read_text())["nats_url"])
     subscription = await client.subscribe(subjects.VIOLATIONS_ALL)
     process = await asyncio.create_subprocess_exec(
