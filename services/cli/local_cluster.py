@@ -15,7 +15,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -24,6 +24,7 @@ from services.allocator.service import Allocator
 from services.allocator.settings import AllocatorSettings
 from services.cli.local_api import LocalApiServer
 from services.cli.state import UpGpu, UpState
+from services.cli.supervisor import Backoff, supervise
 from services.common.embedded_nats import EmbeddedNats
 from services.metrics.service import MetricsService
 from services.metrics.settings import MetricsSettings
@@ -47,6 +48,11 @@ class LocalClusterSpec:
     nodes: int = 2
     simulate: str = "4xA100-40GB"
     nats_url: str = ""  # empty: start an embedded nats-server
+    # The embedded server's JetStream store: kept across restarts of the server and of
+    # `vgpu up` (empty: a temporary one, removed at stop). `fresh` empties it first.
+    nats_store_dir: str = ""
+    fresh: bool = False
+    restart_backoff: Backoff = field(default_factory=Backoff)
     allocator_port: int = 8080
     metrics_port: int = 9400
     split_count: int = 10
@@ -88,6 +94,7 @@ class LocalCluster:
         # Unix socket paths must stay under 108 bytes: keep the root short.
         self.work_dir = Path(tempfile.mkdtemp(prefix="vgpu-", dir="/tmp"))
         self._started: list[Service] = []
+        self._nats_supervisor: asyncio.Task[None] | None = None
 
     async def start(self, ready_timeout_s: float = 10.0) -> None:
         try:
@@ -101,8 +108,17 @@ class LocalCluster:
         if not self.nats_url:
             # Started from this thread on purpose: the server is tied to its parent thread's
             # life (PR_SET_PDEATHSIG), and a worker thread may come and go. It takes ~50 ms.
-            self.nats = EmbeddedNats().start()
+            store = spec.nats_store_dir or None
+            if store and spec.fresh:
+                shutil.rmtree(store, ignore_errors=True)
+                log.warning("--fresh: the JetStream store was emptied", extra={"store": store})
+            self.nats = EmbeddedNats(store_dir=store).start()
             self.nats_url = self.nats.url
+            self._nats_supervisor = asyncio.create_task(
+                supervise("nats-server", self.nats.wait_exit, self._restart_nats,
+                          spec.restart_backoff),
+                name="supervise-nats-server",
+            )  # fmt: skip
         nats_url = self.nats_url
 
         backend = LocalClusterBackend()
@@ -118,6 +134,10 @@ class LocalCluster:
         for name in node_names(spec.nodes):
             await self._start_node(name, nats_url, spec.hook_library)
         await self._wait_ready(ready_timeout_s)
+
+    async def _restart_nats(self) -> None:
+        assert self.nats is not None
+        await self.nats.start_async()  # same port and store: clients reconnect, nothing lost
 
     async def _run(self, make: Callable[[int], Service], port: int, what: str) -> Service:
         service = await _start_on_port(make, port, what)
@@ -188,6 +208,7 @@ class LocalCluster:
             },
             driver_dir=str(Path(self.spec.hook_library).parent / "sim"),
             sim_state_dirs={name: str(self.sim_state_dir(name)) for name in self.agents},
+            nats_store_dir=self.nats.store_dir if self.nats is not None else "",
         )
 
     def sim_state_dir(self, node: str) -> Path:
@@ -196,6 +217,11 @@ class LocalCluster:
 
     async def stop(self) -> None:
         """Stop everything started, newest first; one failure does not strand the rest."""
+        supervisor, self._nats_supervisor = self._nats_supervisor, None
+        if supervisor is not None:  # first, or it would restart the server we stop
+            supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await supervisor
         while self._started:
             service = self._started.pop()
             try:

