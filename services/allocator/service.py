@@ -315,8 +315,10 @@ class Allocator:
 
     def _health(self) -> tuple[bool, dict[str, Any]]:
         connected = self._bus is not None and self._bus.client.is_connected
+        down_since = None if self._bus is None else self._bus.down_since
         return connected, {
             "nats_connected": connected,
+            "nats_down_since": down_since,
             "nodes": len(self.cluster.nodes()),
             "pods": len(self.ledger),
             "leader": self.leading,

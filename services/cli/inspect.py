@@ -9,6 +9,7 @@ from the state file a running `vgpu up` wrote.
 
 from __future__ import annotations
 
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -16,10 +17,12 @@ from pathlib import Path
 import click
 import msgspec
 
+from services.cli.bus_probe import HINT
 from services.cli.state import StateError, default_state_file, read_state
 from services.metrics.views import ClusterView, GpuView, NodeView, PendingView
 
 PICTURE_PATH = "/api/v1/picture"
+HEALTH_PATH = "/healthz"
 URL_HELP = "The metrics service, e.g. http://127.0.0.1:9400 (default: the one `vgpu up` runs)."
 
 
@@ -51,6 +54,34 @@ def fetch_picture(url: str, timeout_s: float) -> ClusterView:
         return msgspec.json.decode(body, type=ClusterView)
     except msgspec.DecodeError as exc:
         raise InspectError(f"{target} did not return a vgpu picture: {exc}") from exc
+
+
+def bus_warning(url: str, timeout_s: float) -> str | None:
+    """What the metrics service says about the bus, when it is down (its picture is stale)."""
+    try:
+        with urllib.request.urlopen(url + HEALTH_PATH, timeout=timeout_s) as response:
+            body = response.read()
+    except urllib.error.HTTPError as exc:  # 503 while the bus is down: the body says why
+        body = exc.read()
+    except (urllib.error.URLError, OSError):
+        return None  # fetching the picture reports an unreachable metrics service
+    try:
+        health = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(health, dict) or health.get("nats_connected", True):
+        return None
+    nats = health.get("nats_url") or "its NATS server"
+    since = health.get("nats_down_since")
+    when = (
+        time.strftime(" since %H:%M:%S", time.localtime(since))
+        if isinstance(since, int | float)
+        else ""
+    )
+    return (
+        f"the bus (NATS at {nats}) is unreachable{when}: the metrics service hears nothing "
+        f"new, so this picture may be out of date ({HINT})"
+    )
 
 
 def only_nodes(view: ClusterView, names: tuple[str, ...]) -> ClusterView:
@@ -215,6 +246,9 @@ def inspect_command(details: bool, output: str, nodes: tuple[str, ...], metrics_
     """Show what every GPU holds: allocated and used memory and compute, pods, pending pods."""
     url = resolve_metrics_url(metrics_url, state_file)
     view = only_nodes(fetch_picture(url, timeout), nodes)
+    warning = bus_warning(url, timeout)
+    if warning:
+        click.echo(f"warning: {warning}", err=True)
     if output == "json":
         click.echo(msgspec.json.format(msgspec.json.encode(view), indent=2).decode())
     else:

@@ -153,12 +153,17 @@ def up(
 @click.option("--timeout", default=10.0, show_default=True, help="Seconds to wait for limits.")
 def submit(manifest: Path, state_file: Path | None, as_json: bool, timeout: float) -> None:
     """Schedule and admit a Pod manifest on the system `vgpu up` runs."""
+    from services.cli.bus_probe import HINT, bus_problem
     from services.cli.submit import ManifestError, load_pod, render
     from services.cli.submit import submit as submit_pod
 
     try:
         state = read_state(state_file or default_state_file())
         pod = load_pod(manifest)
+        # Without the bus nothing can be booked: say so, rather than blame the node agents.
+        problem = bus_problem(state.nats_url)
+        if problem:
+            raise click.ClickException(f"{problem} ({HINT})")
         outcome = asyncio.run(submit_pod(pod, state, limits_timeout_s=timeout))
     except (StateError, ManifestError) as exc:
         raise click.ClickException(str(exc)) from exc

@@ -2,7 +2,9 @@
 
 Subscribers never crash on bad input: a message that does not decode is counted in
 ``vgpu_bus_undecodable_messages_total`` and logged, and the subscription carries on.
-Request handlers answer every request: a domain error (``ReplyError``) or undecodable
+``vgpu_nats_connected{client}`` is 1 while a client is connected and 0 while it is not (it
+keeps reconnecting, forever); ``Bus.down_since`` says since when. Request handlers answer
+every request: a domain error (``ReplyError``) or undecodable
 request becomes ``{"error": "..."}``; an unexpected exception is logged and answered with a
 generic message that leaks no internals.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -23,7 +26,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from services.common.schemas import ErrorReply
 from services.common.tracing import context_from_headers, inject_headers, tracer
@@ -40,6 +43,11 @@ HANDLER_ERRORS = Counter(
     "vgpu_bus_handler_errors_total",
     "NATS message handlers that raised an unexpected exception",
     ["subject"],
+)
+NATS_CONNECTED = Gauge(
+    "vgpu_nats_connected",
+    "1 while this NATS client is connected, 0 while the bus is down (it keeps reconnecting)",
+    ["client"],
 )
 
 T = TypeVar("T", bound=msgspec.Struct)
@@ -60,9 +68,27 @@ def encode(message: msgspec.Struct) -> bytes:
     return _encoder.encode(message)
 
 
+class _Link:
+    """What the connection callbacks know: since when (wall clock) the bus has been down."""
+
+    def __init__(self, url: str, name: str) -> None:
+        self.url, self.name = url, name
+        self.down_since: float | None = None
+
+    def down(self) -> None:
+        if self.down_since is None:
+            self.down_since = time.time()
+        NATS_CONNECTED.labels(client=self.name).set(0)
+
+    def up(self) -> None:
+        self.down_since = None
+        NATS_CONNECTED.labels(client=self.name).set(1)
+
+
 class Bus:
-    def __init__(self, client: NatsClient) -> None:
+    def __init__(self, client: NatsClient, link: _Link | None = None) -> None:
         self._nc = client
+        self._link = link
         self._subscriptions: list[Subscription] = []
         self._handler_slots = asyncio.Semaphore(64)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -74,12 +100,23 @@ class Bus:
         async def on_error(exc: Exception) -> None:
             log.debug("nats error", extra={"client": name, "error": str(exc)})
 
+        link = _Link(url, name)
+
         async def on_disconnect() -> None:
             if not client.is_closed and not client.is_draining:
-                log.warning("nats disconnected", extra={"client": name})
+                link.down()
+                log.warning(
+                    "the bus is down: lost NATS at %s; reconnecting", url,
+                    extra={"client": name, "nats": url},
+                )  # fmt: skip
 
         async def on_reconnect() -> None:
-            log.info("nats reconnected", extra={"client": name})
+            down_for = time.time() - link.down_since if link.down_since else 0.0
+            link.up()
+            log.warning(
+                "the bus is back: reconnected to NATS at %s after %.1fs", url, down_for,
+                extra={"client": name, "nats": url, "down_s": round(down_for, 1)},
+            )  # fmt: skip
 
         client = NatsClient()
         connecting = client.connect(
@@ -99,7 +136,17 @@ class Bus:
             with contextlib.suppress(Exception):
                 await client.close()
             raise BusError(f"cannot reach NATS at {url} within {connect_timeout_s}s") from exc
-        return cls(client)
+        link.up()
+        return cls(client, link)
+
+    @property
+    def connected(self) -> bool:
+        return self._nc.is_connected
+
+    @property
+    def down_since(self) -> float | None:
+        """When (Unix time) the connection was lost, or None while it is up."""
+        return None if self._link is None else self._link.down_since
 
     @property
     def client(self) -> NatsClient:
@@ -220,6 +267,9 @@ class Bus:
 
     async def close(self) -> None:
         """Stop taking messages, let in-flight handlers finish, then disconnect."""
+        if self._link is not None:  # a client that is gone is no longer a series to watch
+            with contextlib.suppress(KeyError):
+                NATS_CONNECTED.remove(self._link.name)
         for sub in self._subscriptions:
             with contextlib.suppress(Exception):  # already gone with the connection
                 await sub.unsubscribe()

@@ -18,6 +18,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import msgspec
 from aiohttp import web
@@ -61,11 +62,13 @@ class MetricsHttp:
         stream: ChangeStream,
         registry: CollectorRegistry,
         nats_connected: Callable[[], bool],
+        bus_details: Callable[[], dict[str, Any]] = dict,
     ) -> None:
         self._view = view
         self._stream = stream
         self._registry = registry
         self._nats_connected = nats_connected
+        self._bus_details = bus_details  # where the bus is and since when it is down
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[_traced])
@@ -91,7 +94,7 @@ class MetricsHttp:
     async def _healthz(self, request: web.Request) -> web.Response:
         view = self._view()
         connected = self._nats_connected()
-        return _json({"ok": connected, "nats_connected": connected,
+        return _json({"ok": connected, "nats_connected": connected, **self._bus_details(),
                       "nodes": view.totals.nodes, "pods": view.totals.pods},
                      status=200 if connected else 503)  # fmt: skip
 

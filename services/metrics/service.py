@@ -106,8 +106,11 @@ class MetricsService:
         await bus.subscribe(subjects.ALLOC_PENDING_ALL, PendingPod,
                             self._apply("pending", self.picture.on_pending))  # fmt: skip
         await bus.client.flush()  # the server holds every subscription before we say we started
-        http = MetricsHttp(self.view, self.stream, self._registry,
-                           lambda: bus.client.is_connected)  # fmt: skip
+        nats_url = self.settings.nats_url
+        http = MetricsHttp(
+            self.view, self.stream, self._registry, lambda: bus.client.is_connected,
+            lambda: {"nats_url": nats_url, "nats_down_since": bus.down_since},
+        )  # fmt: skip
         self._runner, self._port = await serve(
             http.app(), self.settings.http_host, self.settings.http_port, shutdown_timeout=2.0
         )

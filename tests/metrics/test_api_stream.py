@@ -80,7 +80,8 @@ async def test_picture_pod_and_pending_endpoints(metrics: MetricsService, bus: B
     assert status == 404 and missing == {"error": "no GPU pod team/nope is known"}
     status, health = await get_json(metrics, "/healthz")
     assert status == 200 and health == {"ok": True, "nats_connected": True, "nodes": 1,
-                                        "pods": 1}  # fmt: skip
+                                        "pods": 1, "nats_url": metrics.settings.nats_url,
+                                        "nats_down_since": None}  # fmt: skip
 
 
 async def test_stream_sends_a_snapshot_then_changes(metrics: MetricsService, bus: Bus) -> None:
