@@ -109,6 +109,15 @@ def up(
     configure_logging(log_level, json_format=log_format == "json")
     setup_tracing("vgpu", otlp_endpoint)
     path = state_file or default_state_file()
+    try:  # two systems on one state file would share (and corrupt) one JetStream store
+        running = read_state(path)
+    except StateError:
+        pass  # none, or it is gone
+    else:
+        raise click.ClickException(
+            f"`vgpu up` (pid {running.pid}) already runs with {path}: stop it first, "
+            "or pass another --state-file"
+        )
     store = "" if nats_url else str(store_dir or default_store_dir(path))
     spec = LocalClusterSpec(
         nodes=nodes, simulate=simulate, nats_url=nats_url, allocator_port=allocator_port,

@@ -7,6 +7,7 @@ with SIGKILL, `vgpu submit` before and after, and `vgpu up` started again on the
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -130,6 +131,18 @@ def test_an_explicit_store_dir_is_used(tmp_path: Path) -> None:
     finally:
         stop_up(process)
     assert (store / "jetstream").is_dir()
+    assert not (tmp_path / "up-jetstream").exists()
+
+
+def test_a_second_up_on_the_same_state_file_is_refused(tmp_path: Path) -> None:
+    state = tmp_path / "up.json"
+    state.write_text(
+        '{"nats_url": "", "api_url": "", "allocator_url": "", "metrics_url": "", '
+        f'"kubelets": {{}}, "work_dir": "", "pid": {os.getpid()}}}'
+    )
+    result = run_vgpu("up", state=state)
+    assert result.returncode == 1
+    assert f"`vgpu up` (pid {os.getpid()}) already runs with {state}" in result.stderr
     assert not (tmp_path / "up-jetstream").exists()
 
 
