@@ -43,7 +43,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from services.simulate.replay import CHECKPOINTS, CURVE_STEP, ReplayResult
+from services.simulate.replay import CHECKPOINTS, CurveRecorder, ReplayResult
 from services.simulate.trace import TraceNode, TracePod
 
 MILLI = 1000
@@ -311,8 +311,7 @@ def replay(
     result = ReplayResult(policy=policy, seed=seed, capacity_gpus=capacity, method=METHOD)
     total = capacity * MILLI
     asked = allocated = 0
-    next_point = CURVE_STEP
-    pending = [level for level in CHECKPOINTS if level <= demand + 1e-9]
+    curve = CurveRecorder(result, [level for level in CHECKPOINTS if level <= demand + 1e-9])
     started = time.perf_counter()
     for number, pod in enumerate(sequence):
         spec = shape(pod)
@@ -325,17 +324,13 @@ def replay(
         else:
             result.failed_pods += 1
         asked += spec.total_milli
-        while asked / total + 1e-12 >= next_point:
-            result.curve.append((round(next_point, 4), allocated / total))
-            next_point += CURVE_STEP
-        while pending and asked / total + 1e-12 >= pending[0]:
-            result.alloc_at[pending.pop(0)] = allocated / total
+        curve.record(asked / total, allocated / total)
         if progress is not None:
             progress(number + 1, len(sequence))
     # The draws stop just short of the target (the next pod would overshoot it): the paper
     # reports the final state as the figure at the target.
-    if pending and abs(pending[-1] - demand) < 1e-9:
-        result.alloc_at[pending[-1]] = allocated / total
+    if curve.pending and abs(curve.pending[-1] - demand) < 1e-9:
+        result.alloc_at[curve.pending[-1]] = allocated / total
     result.pods = len(sequence)
     result.seconds = time.perf_counter() - started
     return result

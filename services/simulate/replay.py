@@ -243,6 +243,23 @@ def _place(core: PlacementCore, pod: TracePod, uid: str, cpu_pods: CpuPlacer) ->
     return True
 
 
+class CurveRecorder:
+    """Samples a replay's allocation ratio as demand grows: every CURVE_STEP for the curve,
+    and at each checkpoint level for the table."""
+
+    def __init__(self, result: ReplayResult, levels: Sequence[float] = CHECKPOINTS) -> None:
+        self._result = result
+        self._next_point = CURVE_STEP
+        self.pending = list(levels)  # checkpoint levels not reached yet, ascending
+
+    def record(self, demand: float, ratio: float) -> None:
+        while demand + 1e-12 >= self._next_point:
+            self._result.curve.append((round(self._next_point, 4), ratio))
+            self._next_point += CURVE_STEP
+        while self.pending and demand + 1e-12 >= self.pending[0]:
+            self._result.alloc_at[self.pending.pop(0)] = ratio
+
+
 def replay(
     nodes: Sequence[TraceNode],
     sequence: Sequence[TracePod],
@@ -263,8 +280,7 @@ def replay(
         raise ValueError("the node list has no GPUs")
     result = ReplayResult(policy=policy, seed=seed, capacity_gpus=capacity)
     asked = allocated = 0.0
-    next_point = CURVE_STEP
-    pending = list(CHECKPOINTS)
+    curve = CurveRecorder(result)
     started = time.perf_counter()
     timer = time.perf_counter
     for number, pod in enumerate(sequence):
@@ -277,12 +293,7 @@ def replay(
         else:
             result.failed_pods += 1
         asked += pod.gpu_demand
-        demand = asked / capacity
-        while demand + 1e-12 >= next_point:
-            result.curve.append((round(next_point, 4), allocated / capacity))
-            next_point += CURVE_STEP
-        while pending and demand + 1e-12 >= pending[0]:
-            result.alloc_at[pending.pop(0)] = allocated / capacity
+        curve.record(asked / capacity, allocated / capacity)
         if progress is not None:
             progress(number + 1, len(sequence))
     result.pods = len(sequence)

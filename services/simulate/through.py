@@ -43,7 +43,7 @@ from services.common.embedded_nats import EmbeddedNats
 from services.nodeagent.catalog import DeviceCatalog
 from services.nodeagent.gpus.simulated import SimulatedGpuBackend
 from services.nodeagent.publisher import Publisher
-from services.simulate.replay import CHECKPOINTS, CURVE_STEP, NAMESPACE, ReplayResult, manifest
+from services.simulate.replay import NAMESPACE, CurveRecorder, ReplayResult, manifest
 from services.simulate.trace import TraceNode, TracePod
 from services.simulators.apiserver import FakeApiServer
 from services.simulators.scheduler import KubeSchedulerEmulation, SchedulerConfig
@@ -168,8 +168,7 @@ async def _run(
 ) -> None:
     capacity = result.capacity_gpus
     asked = allocated = 0.0
-    next_point = CURVE_STEP
-    pending = list(CHECKPOINTS)
+    curve = CurveRecorder(result)
     started = time.perf_counter()
     for number, pod in enumerate(sequence):
         body: dict[str, Any] = manifest(pod, f"u{number}")
@@ -187,12 +186,7 @@ async def _run(
             # nothing keeps counting it.
             await api.delete_pod(NAMESPACE, created["metadata"]["name"])
         asked += pod.gpu_demand
-        demand = asked / capacity
-        while demand + 1e-12 >= next_point:
-            result.curve.append((round(next_point, 4), allocated / capacity))
-            next_point += CURVE_STEP
-        while pending and demand + 1e-12 >= pending[0]:
-            result.alloc_at[pending.pop(0)] = allocated / capacity
+        curve.record(asked / capacity, allocated / capacity)
         if progress is not None:
             progress(number + 1, len(sequence))
     result.pods = len(sequence)

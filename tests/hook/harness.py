@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,3 +110,29 @@ def summary(proc: subprocess.CompletedProcess[str] | str) -> dict[str, int]:
 
 def tool(name: str) -> str:
     return str(TESTS / name)
+
+
+@contextmanager
+def holding(
+    container_dir: Path, *args: object, prefix: Sequence[str] = (), **extra: str
+) -> Iterator[subprocess.Popen[str]]:
+    """A process that allocates (mem_paths ... hold) and keeps it until its stdin closes;
+    `prefix` runs it under another command (a nested PID namespace). The process's first
+    line is its `first_line` attribute."""
+    proc = subprocess.Popen(
+        [*prefix, tool("mem_paths"), *map(str, args)],
+        env=hook_env(container_dir, **extra),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        first = proc.stdout.readline()
+        assert first.startswith(("holding", "handle=")), first + proc.stderr.read()
+        proc.first_line = first  # type: ignore[attr-defined]
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.communicate(timeout=30)

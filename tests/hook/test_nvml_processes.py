@@ -7,33 +7,20 @@ holds. Without the hook the same GPU lists both."""
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from tests.hook.harness import hook_env, limits_text, run, summary, tool, write_limits
+from tests.hook.harness import holding, limits_text, run, summary, tool, write_limits
 
 
 @contextmanager
-def holding(container_dir: Path, gpu: Path) -> Iterator[tuple[int, int]]:
+def holding_memory(container_dir: Path, gpu: Path) -> Iterator[tuple[int, int]]:
     """A process of the container holding memory in 300 MiB chunks up to its limit:
     (its pid, MiB it holds)."""
-    proc = subprocess.Popen(
-        [tool("mem_paths"), "alloc", "link", "create", "300", "hold"],
-        env=hook_env(container_dir, VGPU_HOOK_QUIET="1", VGPU_SIM_STATE_DIR=str(gpu)),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        first = proc.stdout.readline()
-        assert first.startswith("holding"), first + proc.stderr.read()  # type: ignore[union-attr]
-        yield proc.pid, summary(first)["allocated_mib"]
-    finally:
-        proc.communicate(timeout=30)
+    args = ("alloc", "link", "create", 300, "hold")
+    with holding(container_dir, *args, VGPU_HOOK_QUIET="1", VGPU_SIM_STATE_DIR=str(gpu)) as proc:
+        yield proc.pid, summary(proc.first_line)["allocated_mib"]  # type: ignore[attr-defined]
 
 
 def process_lists(
@@ -68,8 +55,8 @@ def test_nvml_lists_only_the_containers_processes(build: Path, tmp_path: Path) -
         d.mkdir()
         write_limits(d, limits_text(mib))
     with ExitStack() as stack:
-        a_pid, a_mib = stack.enter_context(holding(a, gpu))
-        b_pid, b_mib = stack.enter_context(holding(b, gpu))
+        a_pid, a_mib = stack.enter_context(holding_memory(a, gpu))
+        b_pid, b_mib = stack.enter_context(holding_memory(b, gpu))
         assert (a_mib, b_mib) == (900, 600)
         both = process_lists(a, gpu, hook=False)
         seen_by_a = process_lists(a, gpu)
@@ -86,6 +73,6 @@ def test_a_container_without_running_processes_lists_none(build: Path, tmp_path:
     for d in (a, idle):
         d.mkdir()
         write_limits(d, limits_text(1024))
-    with holding(a, gpu) as (a_pid, _):
+    with holding_memory(a, gpu) as (a_pid, _):
         assert process_lists(idle, gpu) == {"v1": {}, "v2": {}, "v3": {}}
         assert process_lists(idle, gpu, hook=False)["v3"].keys() == {a_pid}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hook.harness import hook_env, limits_text, run, summary, tool, write_limits
+from tests.hook.harness import holding, hook_env, limits_text, run, summary, tool, write_limits
 
 NESTED = ["unshare", "--pid", "--fork", "--mount-proc"]
 
@@ -34,23 +34,13 @@ def _pid_namespaces() -> None:
 def holder(container_dir: Path, *, nested: bool) -> Iterator[subprocess.Popen[str]]:
     """A process that takes 1000 of the container's 1024 MiB and holds them until its stdin
     closes; in a nested PID namespace when `nested`."""
-    argv = [tool("mem_paths"), "alloc", "link", "create", "100", "hold"]
-    proc = subprocess.Popen(
-        [*NESTED, *argv] if nested else argv,
-        env=hook_env(container_dir, VGPU_HOOK_QUIET="1"),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        first = proc.stdout.readline()
-        assert summary(first)["allocated_mib"] == 1000, first + proc.stderr.read()  # type: ignore[union-attr]
+    args = ("alloc", "link", "create", 100, "hold")
+    with holding(
+        container_dir, *args, prefix=NESTED if nested else (), VGPU_HOOK_QUIET="1"
+    ) as proc:
+        first = proc.first_line  # type: ignore[attr-defined]
+        assert summary(first)["allocated_mib"] == 1000, first
         yield proc
-    finally:
-        if proc.poll() is None:
-            proc.communicate(timeout=30)
 
 
 def allocate(container_dir: Path, *, nested: bool) -> int:

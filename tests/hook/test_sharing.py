@@ -7,13 +7,12 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from tests.hook.harness import (
     CUDA_ERROR_OUT_OF_MEMORY,
     CUDA_SUCCESS,
+    holding,
     hook_env,
     limits_text,
     run,
@@ -21,28 +20,6 @@ from tests.hook.harness import (
     tool,
     write_limits,
 )
-
-
-@contextmanager
-def holding(container_dir: Path, *args: object, **extra: str) -> Iterator[subprocess.Popen[str]]:
-    """A process that allocates (mem_paths ... hold) and keeps it until its stdin closes."""
-    proc = subprocess.Popen(
-        [tool("mem_paths"), *map(str, args)],
-        env=hook_env(container_dir, **extra),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        first = proc.stdout.readline()
-        assert first.startswith(("holding", "handle=")), first + proc.stderr.read()
-        proc.first_line = first  # type: ignore[attr-defined]
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.communicate(timeout=30)
 
 
 def test_two_processes_share_one_limit(build: Path, tmp_path: Path) -> None:

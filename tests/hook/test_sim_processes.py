@@ -18,13 +18,13 @@ from services.nodeagent.gpus.simulated import simulated_uuid
 from tests.hook.harness import (
     SANITIZE,
     SIM_DIR,
+    holding,
     hook_env,
     limits_text,
     summary,
     tool,
     write_limits,
 )
-from tests.hook.test_sharing import holding
 
 # Python loads the simulated NVML here; a sanitized build needs its runtime loaded first.
 pytestmark = pytest.mark.skipif(SANITIZE, reason="loads the simulated libraries into Python")
