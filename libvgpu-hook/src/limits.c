@@ -50,6 +50,35 @@ static void set_error(char *err, size_t errlen, const char *path, int line, cons
 }
 
 /* Fails the parse when a known key appears twice (an ambiguous file). */
+/* The next key=value line of f, both sides trimmed, skipping blank and '#' lines; *line counts
+ * the lines read. 1: *key and *val point into *buf; 0: end of input; -1: a malformed line,
+ * described in err. */
+static int next_pair(FILE *f, const char *path, char **buf, size_t *cap, int *line, char **key,
+                     char **val, char *err, size_t errlen)
+{
+    ssize_t len;
+    while ((len = getline(buf, cap, f)) != -1) {
+        ++*line;
+        if (strlen(*buf) != (size_t)len) {
+            set_error(err, errlen, path, *line, "NUL byte in line");
+            return -1;
+        }
+        char *s = trim(*buf);
+        if (*s == '\0' || *s == '#')
+            continue;
+        char *eq = strchr(s, '=');
+        if (!eq) {
+            set_error(err, errlen, path, *line, "expected key=value, got '%.64s'", s);
+            return -1;
+        }
+        *eq = '\0';
+        *key = trim(s);
+        *val = trim(eq + 1);
+        return 1;
+    }
+    return 0;
+}
+
 #define ONCE(seen_line, key)                                                            \
     do {                                                                                \
         if (seen_line)                                                                  \
@@ -78,22 +107,12 @@ int vgpu_limits_parse(FILE *f, const char *path, struct vgpu_limits *out, char *
         line_of_container = 0;
     char *buf = NULL;
     size_t cap = 0;
-    ssize_t len;
     uint64_t v;
 
     memset(out, 0, sizeof *out);
-    while ((len = getline(&buf, &cap, f)) != -1) {
-        line++;
-        if (strlen(buf) != (size_t)len)
-            FAIL(line, "NUL byte in line");
-        char *s = trim(buf);
-        if (*s == '\0' || *s == '#')
-            continue;
-        char *eq = strchr(s, '=');
-        if (!eq)
-            FAIL(line, "expected key=value, got '%.64s'", s);
-        *eq = '\0';
-        char *key = trim(s), *val = trim(eq + 1);
+    char *key, *val;
+    int got;
+    while ((got = next_pair(f, path, &buf, &cap, &line, &key, &val, err, errlen)) > 0) {
         if (*key == '\0')
             FAIL(line, "empty key before '='");
 
@@ -156,6 +175,8 @@ int vgpu_limits_parse(FILE *f, const char *path, struct vgpu_limits *out, char *
             } /* other device fields: ignored, for forward compatibility */
         } /* other keys: ignored, for forward compatibility */
     }
+    if (got < 0)
+        goto out;
     if (ferror(f))
         FAIL(0, "read error: %s", strerror(errno));
 
@@ -196,21 +217,11 @@ int vgpu_hook_conf_parse(FILE *f, const char *path, struct vgpu_hook_conf *out, 
     int rc = -1, line = 0, line_of_version = 0, line_of_wait = 0, line_of_policy = 0;
     char *buf = NULL;
     size_t cap = 0;
-    ssize_t len;
     uint64_t v;
 
-    while ((len = getline(&buf, &cap, f)) != -1) {
-        line++;
-        if (strlen(buf) != (size_t)len)
-            FAIL(line, "NUL byte in line");
-        char *s = trim(buf);
-        if (*s == '\0' || *s == '#')
-            continue;
-        char *eq = strchr(s, '=');
-        if (!eq)
-            FAIL(line, "expected key=value, got '%.64s'", s);
-        *eq = '\0';
-        char *key = trim(s), *val = trim(eq + 1);
+    char *key, *val;
+    int got;
+    while ((got = next_pair(f, path, &buf, &cap, &line, &key, &val, err, errlen)) > 0) {
         if (strcmp(key, "version") == 0) {
             ONCE(line_of_version, key);
             if (vgpu_parse_u64(val, UINT32_MAX, &v) != 0 || v != VGPU_HOOK_CONF_VERSION)
@@ -227,6 +238,8 @@ int vgpu_hook_conf_parse(FILE *f, const char *path, struct vgpu_hook_conf *out, 
                 FAIL(line, "compute_policy: '%.32s' is not one of share, hard, off", val);
         } /* other keys: ignored, for forward compatibility */
     }
+    if (got < 0)
+        goto out;
     if (ferror(f))
         FAIL(0, "read error: %s", strerror(errno));
     if (!line_of_version)
