@@ -301,6 +301,20 @@ async def test_services_cannot_speak_for_each_other(cluster: Cluster) -> None:
         assert events.subjects == [] and inventory.subjects == []
 
 
+async def _create_when_cluster_ready(js: Any, config: KeyValueConfig, within_s: float = 60) -> Any:
+    """A new three-server JetStream cluster answers a replicated create only once it has
+    elected its meta leader and the bucket's own group; under load that takes longer than one
+    request's timeout. Creating again with the same config is idempotent."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            return await js.create_key_value(config)
+        except (TimeoutError, nats.errors.Error):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
 async def test_jetstream_state_is_the_allocators_and_metrics_may_only_read(
     cluster: Cluster,
 ) -> None:
@@ -310,7 +324,9 @@ async def test_jetstream_state_is_the_allocators_and_metrics_may_only_read(
         _connected(cluster.url("vgpu-node-agent", 2), "agent") as agent,
     ):
         js = allocator.client.jetstream(timeout=10)
-        state = await js.create_key_value(KeyValueConfig(bucket=STATE_BUCKET, replicas=SERVERS))
+        state = await _create_when_cluster_ready(
+            js, KeyValueConfig(bucket=STATE_BUCKET, replicas=SERVERS)
+        )
         await state.put("node.gpu-1", b"decision")
         lease = await js.create_key_value(
             KeyValueConfig(bucket="vgpu-allocator-lease", history=1, ttl=6)
