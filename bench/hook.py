@@ -32,14 +32,17 @@ BUILD = HOOK_DIR / "build"
 CALLS = BUILD / "bench" / "calls"
 
 
-def build() -> None:
+def build_with_program(program: Path) -> None:
+    """Builds the hook and the simulated driver, then `program` from libvgpu-hook/bench/
+    (its source is the program's name + .c), linked against the simulated libcuda."""
     subprocess.run(["sh", str(HOOK_DIR / "build.sh")], check=True, capture_output=True)
-    CALLS.parent.mkdir(parents=True, exist_ok=True)
+    program.parent.mkdir(parents=True, exist_ok=True)
+    source = HOOK_DIR / "bench" / f"{program.name}.c"
     subprocess.run(
         [
             "gcc", "-std=c11", "-D_GNU_SOURCE", "-O2", "-Wall", "-Wextra", "-Werror",
-            f"-I{HOOK_DIR / 'include'}", str(HOOK_DIR / "bench" / "calls.c"),
-            f"-L{BUILD / 'sim'}", "-lcuda", f"-Wl,-rpath,{BUILD / 'sim'}", "-o", str(CALLS),
+            f"-I{HOOK_DIR / 'include'}", str(source),
+            f"-L{BUILD / 'sim'}", "-lcuda", f"-Wl,-rpath,{BUILD / 'sim'}", "-o", str(program),
         ],
         check=True,
     )  # fmt: skip
@@ -109,7 +112,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     args = parser.parse_args()
     runs, batches = (3, 50) if args.quick else (7, 200)
-    build()
+    build_with_program(CALLS)
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         root = Path(tmp)
         sim = root / "sim"

@@ -20,11 +20,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from bench.hook import BUILD, build_with_program
 from bench.report import write_section
 
-ROOT = Path(__file__).resolve().parents[1]
-HOOK_DIR = ROOT / "libvgpu-hook"
-BUILD = HOOK_DIR / "build"
 PROGRAM = BUILD / "bench" / "memory_calls"
 
 # (mode of memory_calls, what one operation is)
@@ -35,19 +33,6 @@ OPERATIONS = [
     ("graph", "`cuGraphInstantiateWithFlags` + `cuGraphExecDestroy` (one allocation node)"),
     ("limit", "`cuCtxSetLimit` (malloc heap)"),
 ]
-
-
-def build() -> None:
-    subprocess.run(["sh", str(HOOK_DIR / "build.sh")], check=True, capture_output=True)
-    PROGRAM.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [
-            "gcc", "-std=c11", "-D_GNU_SOURCE", "-O2", "-Wall", "-Wextra", "-Werror",
-            f"-I{HOOK_DIR / 'include'}", str(HOOK_DIR / "bench" / "memory_calls.c"),
-            f"-L{BUILD / 'sim'}", "-lcuda", f"-Wl,-rpath,{BUILD / 'sim'}", "-o", str(PROGRAM),
-        ],
-        check=True,
-    )  # fmt: skip
 
 
 def env(container_dir: Path | None, sim_state: Path) -> dict[str, str]:
@@ -82,7 +67,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     args = parser.parse_args()
     runs, batches = (3, 30) if args.quick else (7, 100)
-    build()
+    build_with_program(PROGRAM)
     rows = []
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         root = Path(tmp)

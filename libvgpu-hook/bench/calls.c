@@ -11,28 +11,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "cuda_api.h"
-
-static unsigned long long now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
-}
-
-static void check(CUresult rc, const char *what)
-{
-    if (rc != CUDA_SUCCESS) {
-        fprintf(stderr, "%s failed: %d\n", what, rc);
-        exit(2);
-    }
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+#include "bench_util.h"
 
 int main(int argc, char **argv)
 {

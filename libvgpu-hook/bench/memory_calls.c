@@ -16,31 +16,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "cuda_api.h"
+#include "bench_util.h"
 
 #define MIB (1024ull * 1024ull)
 #define MAX_PER 1000
-
-static unsigned long long now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
-}
-
-static void check(CUresult rc, const char *what)
-{
-    if (rc != CUDA_SUCCESS) {
-        fprintf(stderr, "%s failed: %d\n", what, rc);
-        exit(2);
-    }
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static CUdeviceptr ptrs[MAX_PER];
 static CUmemoryPool pool;
