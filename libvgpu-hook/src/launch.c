@@ -79,9 +79,17 @@ struct thread_state {
     uint64_t launched; /* by this thread, ever */
     int registered;
     uint64_t tokens_ns[VGPU_MAX_DEVICES], reserved_at_ns[VGPU_MAX_DEVICES];
-    uint64_t cost_since_sample, sample_after_cost, cost_since_poll;
-    unsigned launches_since_sample, sample_after_launches, launches_since_poll;
+    /* Launches and GPU time left before this thread next polls its pending
+     * samples and next samples a launch; the launch path counts down only the
+     * nearer of the two ("quiet"), from `span` (launch_events settles both). */
+    int64_t poll_launches_left, poll_cost_left, sample_launches_left, sample_cost_left;
+    int64_t quiet_launches, quiet_cost, span_launches, span_cost;
     uint64_t rng;
+    /* The last known signature this thread launched and its cost: a kernel
+     * launched over and over skips the finaliser and the table. Forgotten when
+     * the thread samples, so a cost the table has re-learned reaches it. */
+    uint64_t memo_signature, memo_key, memo_cost;
+    int memo_dev, memo_valid;
 };
 
 static struct device devices[VGPU_MAX_DEVICES];
@@ -237,17 +245,6 @@ static void poll_samples(void)
     atomic_store_explicit(&polling, 0, memory_order_release);
 }
 
-/* Polls after this thread launched POLL_EVERY_* since it last did, if anything is pending. */
-static void maybe_poll(uint64_t cost)
-{
-    me.cost_since_poll += cost;
-    if (++me.launches_since_poll < POLL_EVERY_LAUNCHES && me.cost_since_poll < POLL_EVERY_COST_NS)
-        return;
-    me.launches_since_poll = 0, me.cost_since_poll = 0;
-    if (atomic_load_explicit(&pending_samples, memory_order_relaxed))
-        poll_samples();
-}
-
 /* Takes an event pair of ctx (making one if needed); NULL if none is free. */
 static struct sample *claim_sample(CUcontext ctx)
 {
@@ -288,7 +285,7 @@ struct gate {
     uint64_t start_recorded_ns, launching_ns;
 };
 
-static int current_device_index(void)
+static inline int current_device_index(void)
 {
     if (single_device)
         return 0;
@@ -323,13 +320,9 @@ static uint64_t hold(uint64_t ns)
  * keeps besides the container's burst); a thread that reserved within the last
  * TOKEN_TTL reserves at least a chunk, one that did not exactly its charge
  * (and gives back what it had left). */
-static void admit(int dev, uint64_t charge, CUstream stream)
+static __attribute__((noinline)) void reserve(int dev, uint64_t charge, CUstream stream)
 {
     uint64_t *tokens = &me.tokens_ns[dev];
-    if (*tokens >= charge) {
-        *tokens -= charge;
-        return;
-    }
     if (capturing(stream))
         return;
     uint64_t now = vgpu_now_ns();
@@ -347,20 +340,55 @@ static void admit(int dev, uint64_t charge, CUstream stream)
     me.reserved_at_ns[dev] = now;
 }
 
-/* Whether this launch is the thread's next regular sample: after about
- * SAMPLE_EVERY_COST_NS of GPU time or SAMPLE_EVERY_LAUNCHES launches, each
- * drawn at random around its mean so that no launch pattern aliases with it. */
-static int sample_due(uint64_t cost)
+static inline void admit(int dev, uint64_t charge, CUstream stream)
 {
-    me.cost_since_sample += cost;
-    if (++me.launches_since_sample < me.sample_after_launches &&
-        me.cost_since_sample < me.sample_after_cost)
+    if (me.tokens_ns[dev] >= charge)
+        me.tokens_ns[dev] -= charge; /* the fast path: no clock, no shared memory */
+    else
+        reserve(dev, charge, stream);
+}
+
+/* Called when the thread's quiet span ends (or for a signature not measured
+ * yet, which polls and samples at every launch): polls pending samples after
+ * POLL_EVERY_* of this thread's launches, and says whether this launch is its
+ * next regular sample, due after about SAMPLE_EVERY_COST_NS of GPU time or
+ * SAMPLE_EVERY_LAUNCHES launches, each drawn at random around its mean so that
+ * no launch pattern aliases with it. */
+static __attribute__((noinline)) int launch_events(uint64_t cost, int known)
+{
+    int64_t launches = me.span_launches - me.quiet_launches; /* this one included */
+    int64_t spent = me.span_cost - me.quiet_cost + (int64_t)cost;
+    me.poll_launches_left -= launches, me.poll_cost_left -= spent;
+    me.sample_launches_left -= launches, me.sample_cost_left -= spent;
+    if (!known || me.poll_launches_left <= 0 || me.poll_cost_left <= 0) {
+        me.poll_launches_left = POLL_EVERY_LAUNCHES, me.poll_cost_left = POLL_EVERY_COST_NS;
+        if (atomic_load_explicit(&pending_samples, memory_order_relaxed))
+            poll_samples();
+    }
+    int due = me.sample_launches_left <= 0 || me.sample_cost_left <= 0;
+    if (due) {
+        uint64_t r = next_random(&me);
+        me.sample_launches_left = SAMPLE_EVERY_LAUNCHES / 2 + (int64_t)(r % SAMPLE_EVERY_LAUNCHES);
+        me.sample_cost_left = SAMPLE_EVERY_COST_NS / 2 + (int64_t)((r >> 32) % SAMPLE_EVERY_COST_NS);
+    }
+    me.span_launches = me.quiet_launches = me.poll_launches_left < me.sample_launches_left
+                                               ? me.poll_launches_left
+                                               : me.sample_launches_left;
+    me.span_cost = me.quiet_cost = me.poll_cost_left < me.sample_cost_left ? me.poll_cost_left
+                                                                           : me.sample_cost_left;
+    return due || !known;
+}
+
+/* Whether this launch polls or samples: the thread's count down, inline. */
+static inline int launch_sample_due(uint64_t cost, int known)
+{
+    if (known && --me.quiet_launches > 0 && (int64_t)cost < me.quiet_cost) {
+        me.quiet_cost -= (int64_t)cost;
         return 0;
-    uint64_t r = next_random(&me);
-    me.sample_after_launches = SAMPLE_EVERY_LAUNCHES / 2 + (unsigned)(r % SAMPLE_EVERY_LAUNCHES);
-    me.sample_after_cost = SAMPLE_EVERY_COST_NS / 2 + (r >> 32) % SAMPLE_EVERY_COST_NS;
-    me.launches_since_sample = 0, me.cost_since_sample = 0;
-    return 1;
+    }
+    if (!known)
+        --me.quiet_launches;
+    return launch_events(cost, known);
 }
 
 /* Waits (polling, never blocking in the driver) until the stream has run
@@ -383,7 +411,7 @@ static int drain(CUstream stream)
     return q == CUDA_SUCCESS;
 }
 
-static void begin_sample(struct gate *g, int dev, uint64_t key, uint64_t cost, int known,
+static __attribute__((noinline)) void begin_sample(struct gate *g, int dev, uint64_t key, uint64_t cost, int known,
                          int charged, CUstream stream)
 {
     vgpu_cuCtxGetCurrent_fn get_ctx = REAL(cuCtxGetCurrent);
@@ -410,7 +438,8 @@ static void begin_sample(struct gate *g, int dev, uint64_t key, uint64_t cost, i
     g->sample = s;
 }
 
-static void gate_enter(struct gate *g, CUstream stream, uint64_t signature)
+static inline __attribute__((always_inline)) void gate_enter(struct gate *g, CUstream stream,
+                                                             uint64_t signature)
 {
     g->sample = NULL;
     g->stream = stream;
@@ -435,13 +464,19 @@ static void gate_enter(struct gate *g, CUstream stream, uint64_t signature)
     if (!any_limited || !dv->share)
         return;
 
-    uint64_t key = signature + (uint64_t)dev * 0x9e3779b97f4a7c15ull; /* per device */
-    key += !key;
+    uint64_t key, cost;
     int known;
-    uint64_t cost = vgpu_cost_lookup(&costs, key, &known);
-    if (!known)
-        cost = atomic_load_explicit(&dv->mean_cost_ns, memory_order_relaxed);
-    maybe_poll(known ? cost : POLL_EVERY_COST_NS); /* learning: look at every launch */
+    if (me.memo_valid && me.memo_signature == signature && me.memo_dev == dev) {
+        key = me.memo_key, cost = me.memo_cost, known = 1;
+    } else {
+        key = vgpu_cost_finish(signature ^ ((uint64_t)dev * 0x9e3779b97f4a7c15ull)); /* per device */
+        cost = vgpu_cost_lookup(&costs, key, &known);
+        if (known)
+            me.memo_signature = signature, me.memo_dev = dev, me.memo_key = key,
+            me.memo_cost = cost, me.memo_valid = 1;
+        else
+            cost = atomic_load_explicit(&dv->mean_cost_ns, memory_order_relaxed);
+    }
     int free = vgpu_cfg.policy == VGPU_COMPUTE_SHARE &&
                atomic_load_explicit(&dv->others_idle, memory_order_relaxed) &&
                vgpu_now_ns() < atomic_load_explicit(&dv->agent_until_ns, memory_order_relaxed);
@@ -450,17 +485,16 @@ static void gate_enter(struct gate *g, CUstream stream, uint64_t signature)
               cost < (1ull << 40) ? (cost * dv->charge_q16) >> 16
                                   : vgpu_launch_charge(cost, dv->share),
               stream);
-    if ((sample_due(cost) || !known) && !capturing(stream)) {
+    if (launch_sample_due(cost, known) && !capturing(stream)) { /* learning: every launch */
+        me.memo_valid = 0;
         begin_sample(g, dev, key, cost, known, !free, stream);
         g->launching_ns = vgpu_now_ns();
     }
 }
 
-static CUresult gate_leave(struct gate *g, CUresult rc)
+static __attribute__((noinline)) CUresult finish_sample(struct gate *g, CUresult rc)
 {
     struct sample *s = g->sample;
-    if (!s)
-        return rc;
     if (rc == CUDA_SUCCESS && REAL(cuEventRecord)(s->end, g->stream) == CUDA_SUCCESS) {
         /* Start event already passed: the device was idle when it was stamped, so
          * the pair also spans the host's time from recording it to launching. */
@@ -476,13 +510,19 @@ static CUresult gate_leave(struct gate *g, CUresult rc)
     return rc;
 }
 
+static inline CUresult gate_leave(struct gate *g, CUresult rc)
+{
+    return g->sample ? finish_sample(g, rc) : rc;
+}
+
 /* --- interposers --------------------------------------------------------------------------------- */
 
-/* A kernel's signature for the cost table: function, grid, block, shared memory. */
+/* A kernel's signature for the cost table (before the finaliser): function,
+ * grid, block, shared memory. */
 static uint64_t grid_key(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                          unsigned by, unsigned bz, unsigned shmem)
 {
-    return vgpu_cost_key((uint64_t)(uintptr_t)f, ((uint64_t)gx << 32) | gy,
+    return vgpu_cost_mix((uint64_t)(uintptr_t)f, ((uint64_t)gx << 32) | gy,
                          ((uint64_t)gz << 32) | shmem,
                          ((uint64_t)bx << 32) ^ ((uint64_t)by << 16) ^ bz);
 }
@@ -491,12 +531,12 @@ static uint64_t config_key(const CUlaunchConfig *c, CUfunction f)
 {
     return c ? grid_key(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY,
                         c->blockDimZ, c->sharedMemBytes)
-             : vgpu_cost_key((uint64_t)(uintptr_t)f, 0, 0, 0);
+             : vgpu_cost_mix((uint64_t)(uintptr_t)f, 0, 0, 0);
 }
 
 static uint64_t graph_key(CUgraphExec exec)
 {
-    return vgpu_cost_key((uint64_t)(uintptr_t)exec, 1, 0, 0);
+    return vgpu_cost_mix((uint64_t)(uintptr_t)exec, 1, 0, 0);
 }
 
 /* The real entry point is looked up once (NULL is not kept: asked again). */
@@ -507,8 +547,8 @@ static uint64_t graph_key(CUgraphExec exec)
         atomic_store_explicit(&cached, real, memory_order_relaxed);                    \
     if (!real)                                                                         \
         return CUDA_ERROR_NOT_FOUND;                                                   \
-    struct gate g;                                     \
-    gate_enter(&g, stream, key);                       \
+    struct gate g; /* the signature is only worked out where a device is limited */   \
+    gate_enter(&g, stream, any_limited ? (key) : 0);                                   \
     return gate_leave(&g, real(__VA_ARGS__))
 
 CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,

@@ -53,18 +53,29 @@ struct vgpu_cost_table {
     } e[VGPU_COST_ENTRIES];
 };
 
-/* A signature's key (never 0) from up to four words. Inline: every launch. */
-static inline uint64_t vgpu_cost_key(uint64_t a, uint64_t b, uint64_t c, uint64_t d)
+/* A signature's key (never 0) from up to four words, in two steps: a cheap
+ * combination (the launch path compares it with the thread's last one) and the
+ * finaliser that spreads it over the table. */
+static inline uint64_t vgpu_cost_mix(uint64_t a, uint64_t b, uint64_t c, uint64_t d)
 {
-    /* splitmix64 finaliser over a simple combination */
-    uint64_t x = a ^ (b * 0x9e3779b97f4a7c15ull) ^ (c * 0xc2b2ae3d27d4eb4full) ^
-                 (d * 0x165667b19e3779f9ull);
+    return a ^ (b * 0x9e3779b97f4a7c15ull) ^ (c * 0xc2b2ae3d27d4eb4full) ^
+           (d * 0x165667b19e3779f9ull);
+}
+
+static inline uint64_t vgpu_cost_finish(uint64_t x)
+{
+    /* splitmix64 finaliser */
     x ^= x >> 30;
     x *= 0xbf58476d1ce4e5b9ull;
     x ^= x >> 27;
     x *= 0x94d049bb133111ebull;
     x ^= x >> 31;
     return x ? x : 1;
+}
+
+static inline uint64_t vgpu_cost_key(uint64_t a, uint64_t b, uint64_t c, uint64_t d)
+{
+    return vgpu_cost_finish(vgpu_cost_mix(a, b, c, d));
 }
 
 /* The learned cost of key; returns 0 and sets *known = 0 when not learned. */
