@@ -4,10 +4,14 @@ For a pod that asks for GPU slices (in vgpu's names or any peer syntax) it sets
 ``spec.schedulerName``, rewrites each container's GPU resources into vgpu's names with
 HAMi's defaults filled in (``nvidia.com/gpu`` added, Volcano/Aliyun/Tencent/AWS names and KAI
 annotations translated and removed), and gives every container that asks for no GPU
-``NVIDIA_VISIBLE_DEVICES=void`` so an image's ``=all`` cannot expose every GPU. A pod with a
+``NVIDIA_VISIBLE_DEVICES=void`` so an image's ``=all`` cannot expose every GPU. A container's
+own ``NVIDIA_VISIBLE_DEVICES`` never survives: the kubelet appends the pod's env after the
+device plugin's, so ``=all`` in a GPU container's env would widen its slice to every GPU of the
+node (it is removed), and in any other container it becomes ``void``. A pod with a
 malformed GPU request (or a quantity that is not one) is denied with the reason, naming the
-field. A pod asking for no GPU only gets ``spec.schedulerName`` (with ``schedule_cpu_pods``,
-the default), so the GPU-aware host score places it too; nothing else of it changes.
+field. A pod asking for no GPU gets ``spec.schedulerName`` (with ``schedule_cpu_pods``, the
+default), so the GPU-aware host score places it too, and ``void`` for the containers that name
+``NVIDIA_VISIBLE_DEVICES``; nothing else of it changes.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import base64
 import json
 import logging
 import ssl
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -57,34 +61,61 @@ def _without(resources: Mapping[str, Any], names: set[str]) -> dict[str, Any]:
     return {k: v for k, v in resources.items() if k not in names}
 
 
+_VOID = {"name": VISIBLE_DEVICES, "value": "void"}
+
+
+def _env_patch(
+    path: str, container: Mapping[str, Any], gets_gpu: bool, always: bool
+) -> dict[str, Any] | None:
+    """The patch that keeps a container from choosing its GPUs, or None if none is needed:
+    its own NVIDIA_VISIBLE_DEVICES removed, plus `void` unless the device plugin hands it GPUs.
+    `always`: patch even a container that does not name the variable (a GPU pod's containers
+    that ask for none: an image's own `=all` must not apply either)."""
+    env = list(container.get("env") or [])
+    kept = [e for e in env if e.get("name") != VISIBLE_DEVICES]
+    named = kept != env
+    if gets_gpu:
+        return {"op": "add", "path": f"{path}/env", "value": kept} if named else None
+    if not (named or always):
+        return None
+    return {"op": "add", "path": f"{path}/env", "value": [*kept, _VOID]}
+
+
+def _containers(spec: Mapping[str, Any]) -> Iterator[tuple[str, bool, Mapping[str, Any]]]:
+    for key, init in (("initContainers", True), ("containers", False)):
+        for index, container in enumerate(spec.get(key) or []):
+            yield f"/spec/{key}/{index}", init, container
+
+
 def mutate(
     pod: Mapping[str, Any], config: RequestConfig, scheduler_name: str, cpu_pods: bool = False
 ) -> list[dict[str, Any]]:
     """The JSON patch for a pod; for a pod that asks for no GPU only its scheduler (with
-    `cpu_pods`), else []. RequestError or QuantityError when malformed."""
+    `cpu_pods`) and `void` where it names NVIDIA_VISIBLE_DEVICES, else []. RequestError or
+    QuantityError when malformed."""
     requests = {(r.init, r.container): r for r in container_requests(pod, config)}
     spec = pod.get("spec") or {}
     patch: list[dict[str, Any]] = []
     if not requests:
+        for path, _, container in _containers(spec):
+            if env_patch := _env_patch(path, container, gets_gpu=False, always=False):
+                patch.append(env_patch)
         if cpu_pods and spec.get("schedulerName") in (None, "", "default-scheduler"):
             patch.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler_name})
         return patch
     ours = set(config.names.own()) | set(PEER_RESOURCES)
-    for key, init in (("initContainers", True), ("containers", False)):
-        for index, container in enumerate(spec.get(key) or []):
-            path = f"/spec/{key}/{index}"
-            request = requests.get((init, container.get("name")))
-            if request is None:
-                env = [e for e in container.get("env") or [] if e.get("name") != VISIBLE_DEVICES]
-                env.append({"name": VISIBLE_DEVICES, "value": "void"})
-                patch.append({"op": "add", "path": f"{path}/env", "value": env})
-                continue
-            resources = dict(container.get("resources") or {})
-            limits = normalized_limits(request, config.names)
-            resources["limits"] = {**_without(resources.get("limits") or {}, ours), **limits}
-            if "requests" in resources:
-                resources["requests"] = {**_without(resources["requests"] or {}, ours), **limits}
-            patch.append({"op": "add", "path": f"{path}/resources", "value": resources})
+    for path, init, container in _containers(spec):
+        request = requests.get((init, container.get("name")))
+        if env_patch := _env_patch(path, container, gets_gpu=request is not None, always=True):
+            patch.append(env_patch)
+        if request is None:
+            continue
+        resources = dict(container.get("resources") or {})
+        limits = normalized_limits(request, config.names)
+        resources["limits"] = {**_without(resources.get("limits") or {}, ours), **limits}
+        if "requests" in resources:
+            resources["requests"] = {**_without(resources["requests"] or {}, ours), **limits}
+        patch.append({"op": "add", "path": f"{path}/resources", "value": resources})
     if spec.get("schedulerName") in (None, "", "default-scheduler"):
         patch.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler_name})
     annotations = (pod.get("metadata") or {}).get("annotations") or {}

@@ -244,3 +244,45 @@ async def test_malformed_gpu_request_is_denied_with_the_reason(webhook) -> None:
 async def test_malformed_reviews_get_400(webhook, body: Any) -> None:
     status, answer = await call(webhook, body)
     assert status == 400 and answer["error"]
+
+
+async def test_no_container_chooses_its_own_gpus(webhook) -> None:
+    """The kubelet appends the pod's env after the device plugin's: `=all` in a GPU
+    container would widen its slice to every GPU of the node, so it is removed there and
+    voided in containers that get no GPU, of GPU pods and CPU-only pods alike."""
+    own_choice = [
+        {"name": "A", "value": "1"},
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+    ]
+    gpu_pod = {
+        "metadata": {"name": "greedy", "namespace": "ml"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "train",
+                    "env": own_choice,
+                    "resources": {"limits": {"nvidia.com/gpumem": "1000"}},
+                },
+                {"name": "side", "env": own_choice},
+            ]
+        },
+    }
+    _, answer = await call(webhook, review_of(gpu_pod, uid="r-9"))
+    train, side = patched_by(answer, gpu_pod)["spec"]["containers"]
+    assert train["env"] == [{"name": "A", "value": "1"}]
+    assert side["env"] == [
+        {"name": "A", "value": "1"},
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+    ]
+
+    cpu_pod = {
+        "metadata": {"name": "sneaky", "namespace": "ml"},
+        "spec": {"containers": [{"name": "c", "env": own_choice}, {"name": "d"}]},
+    }
+    _, answer = await call(webhook, review_of(cpu_pod, uid="r-10"))
+    c, d = patched_by(answer, cpu_pod)["spec"]["containers"]
+    assert c["env"] == [
+        {"name": "A", "value": "1"},
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+    ]
+    assert "env" not in d  # a container that does not name it is left as it is
