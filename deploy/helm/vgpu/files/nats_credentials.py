@@ -1,0 +1,1 @@
+../../../k8s/base/nats/nats_credentials.py

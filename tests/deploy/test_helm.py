@@ -1,0 +1,214 @@
+"""The Helm chart installs what kustomize installs.
+
+Rendered by Helm's own engine (tests/deploy/chart.py) and by kubectl's kustomize, the two
+must give the same objects with the same fields: the defaults against `deploy/k8s` (the
+production overlay), and the values of each option against the overlay or component that
+offers it. The usual rules (schema, locked-down containers, RBAC) are checked on the kustomize
+side by test_manifests.py and test_rbac.py, so they hold for the chart too.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from services.allocator.settings import AllocatorSettings
+from services.common.config import load_settings
+from services.nodeagent.settings import NodeAgentSettings
+from tests.deploy.chart import (
+    CHART,
+    differences,
+    lint_chart,
+    normalized,
+    render_chart,
+    templates_used,
+)
+from tests.deploy.manifests import K8S, env_of, find, find_generated, kubectl, pod_spec, render
+
+DEV_VALUES = yaml.safe_load((CHART / "values-dev.yaml").read_text())
+
+# Each kustomize overlay, and the chart values that ask for the same thing.
+OVERLAY_VALUES: dict[str, dict[str, Any]] = {
+    "": {},
+    "overlays/production": {},
+    "overlays/dev": DEV_VALUES,
+    "overlays/existing-nats": {"nats": {"enabled": False}},
+    "overlays/servicemonitor": {"serviceMonitor": {"enabled": True}},
+    "overlays/cert-manager": {"scheduler": {"certManager": {"enabled": True}}},
+}
+# Components that no overlay uses: production plus the component, against these values.
+COMPONENT_VALUES: dict[str, dict[str, Any]] = {
+    "peer-node-labels": {"devicePlugin": {"peerNodeLabels": True}},
+}
+
+
+def _compare(kustomized: list[dict[str, Any]], charted: list[dict[str, Any]]) -> list[str]:
+    left = normalized(kustomized, from_helm=False)
+    right = normalized(charted, from_helm=True)
+    found = [f"{k}: only in kustomize" for k in sorted(set(left) - set(right))]
+    found += [f"{k}: only in the chart" for k in sorted(set(right) - set(left))]
+    for name in sorted(set(left) & set(right)):
+        found += differences(left[name], right[name], str(name))
+    return found
+
+
+@pytest.mark.parametrize("overlay", OVERLAY_VALUES, ids=lambda o: o or "default")
+def test_chart_renders_what_the_overlay_installs(overlay: str) -> None:
+    problems = _compare(render(overlay), render_chart(OVERLAY_VALUES[overlay]))
+    assert not problems, "\n".join(problems)
+
+
+def _with_component(component: str, work: Path) -> list[dict[str, Any]]:
+    """Production plus one component, through a throwaway overlay."""
+    (work / "kustomization.yaml").write_text(
+        yaml.safe_dump({
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            # kustomize takes relative paths only
+            "resources": [os.path.relpath(K8S / "overlays/production", work)],
+            "components": [os.path.relpath(K8S / "components" / component, work)],
+        })
+    )  # fmt: skip
+    out = subprocess.run([kubectl(), "kustomize", str(work)], capture_output=True, text=True,
+                         timeout=120, check=True)  # fmt: skip
+    return [d for d in yaml.safe_load_all(out.stdout) if d is not None]
+
+
+@pytest.mark.parametrize("component", COMPONENT_VALUES)
+def test_chart_renders_what_the_component_adds(component: str, work_dir: Path) -> None:
+    kustomized = _with_component(component, work_dir)
+    problems = _compare(kustomized, render_chart(COMPONENT_VALUES[component]))
+    assert not problems, "\n".join(problems)
+
+
+def test_the_comparison_notices_a_difference() -> None:
+    """One changed field, one extra object: both are reported, with where they are."""
+    problems = _compare(render(""), render_chart({"scheduler": {"replicas": 3}}))
+    assert problems == [
+        "('Deployment', 'vgpu-system', 'vgpu-scheduler').spec.replicas: kustomize 2, chart 3"
+    ]
+    problems = _compare(render(""), render_chart({"serviceMonitor": {"enabled": True}}))
+    assert sorted(problems) == [
+        "('PodMonitor', 'vgpu-system', 'vgpu-allocator'): only in the chart",
+        "('ServiceMonitor', 'vgpu-system', 'vgpu-metrics'): only in the chart",
+    ]
+
+
+def test_chart_lints_clean() -> None:
+    assert lint_chart() == []
+    assert lint_chart(DEV_VALUES) == []
+
+
+def test_every_template_renders_for_some_values() -> None:
+    """No template is dead: each one renders objects for the defaults or an option above."""
+    used: set[str] = set()
+    for values in [*OVERLAY_VALUES.values(), *COMPONENT_VALUES.values()]:
+        used |= templates_used(values)
+    assert used == {p.name for p in (CHART / "templates").glob("*.yaml")}
+
+
+HAMI_VALUES: dict[str, Any] = {
+    "namespace": {"name": "gpu-sharing"},
+    "global": {"imageRegistry": "registry.example.com"},
+    "resourceName": "example.com/vgpu",
+    "resourceMem": "example.com/vgpu-memory",
+    "resourceMemPercentage": "example.com/vgpu-memory-percentage",
+    "resourceCores": "example.com/vgpu-cores",
+    "resourcePriority": "example.com/vgpu-priority",
+    "schedulerName": "hami-scheduler",
+    "scheduler": {
+        "defaultMem": 4096,
+        "defaultCores": 30,
+        "defaultSchedulerPolicy": {
+            "nodeSchedulerPolicy": "binpack",
+            "gpuSchedulerPolicy": "spread",
+        },
+        "admissionWebhook": {"whitelistNamespaces": ["batch-system"]},
+    },
+    "devicePlugin": {"deviceSplitCount": 4, "deviceListStrategy": "cdi-cri",
+                     "nvidiaNodeSelector": {"gpu": "on"}},
+}  # fmt: skip
+
+
+def test_hami_values_reach_every_component() -> None:
+    """HAMi's value names set the same thing in every place that uses it, and the services
+    load what the chart gives them."""
+    docs = render_chart(HAMI_VALUES)
+    ns = "gpu-sharing"
+    assert {d["metadata"].get("namespace", ns) for d in docs} == {ns, "kube-system"}
+    allocator = pod_spec(find(docs, "Deployment", "vgpu-allocator"))["containers"][0]
+    assert allocator["image"] == "registry.example.com/vgpu/services:0.1.0"
+    environ = {k: v if isinstance(v, str) else "nats://x" for k, v in env_of(allocator).items()}
+    settings = load_settings(AllocatorSettings, section="allocator", environ=environ)
+    config = settings.request_config()
+    assert (config.names.gpu, config.names.memory, config.names.memory_percent,
+            config.names.cores, config.names.priority) == (
+        "example.com/vgpu", "example.com/vgpu-memory", "example.com/vgpu-memory-percentage",
+        "example.com/vgpu-cores", "example.com/vgpu-priority")  # fmt: skip
+    assert (config.default_memory_mib, config.default_cores) == (4096, 30)
+    assert (settings.node_policy, settings.gpu_policy) == ("binpack", "spread")
+    assert settings.scheduler_name == "hami-scheduler"
+
+    agent_spec = pod_spec(find(docs, "DaemonSet", "vgpu-node-agent"))
+    assert agent_spec["nodeSelector"] == {"gpu": "on"}
+    agent_env = {k: v if isinstance(v, str) else "x" for k, v in
+                 env_of(agent_spec["containers"][0]).items()}  # fmt: skip
+    agent = load_settings(NodeAgentSettings, section="nodeagent", environ=agent_env)
+    assert (agent.resource_name, agent.split_count, agent.device_list_strategy) == (
+        "example.com/vgpu",
+        4,
+        "cdi-cri",
+    )
+
+    scheduler = yaml.safe_load(
+        find_generated(docs, "ConfigMap", "vgpu-scheduler-config-")["data"]["config.yaml"]
+    )
+    assert scheduler["profiles"] == [{"schedulerName": "hami-scheduler"}]
+    gpu_pods, every_pod = scheduler["extenders"]
+    assert (
+        gpu_pods["urlPrefix"]
+        == every_pod["urlPrefix"]
+        == (f"http://vgpu-allocator.{ns}.svc:8080/scheduler")
+    )
+    managed = {m["name"]: m["ignoredByScheduler"] for m in gpu_pods["managedResources"]}
+    assert managed["example.com/vgpu"] is False
+    assert all(managed[f"example.com/vgpu-{n}"] for n in
+               ("memory", "memory-percentage", "cores", "priority"))  # fmt: skip
+    assert "nvidia.com/gpumem" not in managed and managed["tencent.com/vcuda-core"] is True
+
+    (webhook,) = find(docs, "MutatingWebhookConfiguration", "vgpu-allocator")["webhooks"]
+    assert webhook["clientConfig"]["service"]["namespace"] == ns
+    excluded = webhook["namespaceSelector"]["matchExpressions"][0]["values"]
+    assert excluded == ["kube-system", ns, "batch-system"]
+    certgen = pod_spec(find(docs, "Job", "vgpu-webhook-certgen"))["initContainers"][0]
+    assert f"--host=vgpu-allocator,vgpu-allocator.{ns},vgpu-allocator.{ns}.svc" in certgen["args"]
+    policy = find(docs, "ValidatingAdmissionPolicy", "vgpu-node-agent-own-node")
+    assert (
+        f"system:serviceaccount:{ns}:vgpu-node-agent"
+        in (policy["spec"]["matchConditions"][0]["expression"])
+    )
+
+
+def test_generated_config_maps_change_name_with_their_content() -> None:
+    """As with kustomize's generator: new content, new name, so the pods that mount it roll."""
+    before = find_generated(render_chart(), "ConfigMap", "vgpu-scheduler-config-")
+    after = find_generated(render_chart({"schedulerName": "other"}), "ConfigMap",
+                           "vgpu-scheduler-config-")  # fmt: skip
+    assert before["metadata"]["name"] != after["metadata"]["name"]
+    deployment = find(render_chart({"schedulerName": "other"}), "Deployment", "vgpu-scheduler")
+    volume = next(v for v in pod_spec(deployment)["volumes"] if v["name"] == "config")
+    assert volume["configMap"]["name"] == after["metadata"]["name"]
+
+
+def test_chart_files_are_the_kustomize_files() -> None:
+    """The chart reads nats.conf and the credentials script through links into deploy/k8s, so
+    there is one copy of each."""
+    for name in ("nats.conf", "nats_credentials.py"):
+        link = CHART / "files" / name
+        assert link.is_symlink()
+        assert link.resolve() == (K8S / "base" / "nats" / name).resolve()
