@@ -54,6 +54,9 @@ class AllocatorSettings(msgspec.Struct, kw_only=True, frozen=True):
     default_memory_mib: Annotated[int, msgspec.Meta(ge=0)] = 0  # 0 = the whole card
     default_cores: Annotated[int, msgspec.Meta(ge=0, le=100)] = 0
     translate_peers: bool = True  # Volcano, Aliyun, Tencent, AWS, KAI syntaxes
+    # AWS's virtual GPU plugin's name (--vgpu, default 10): `k8s.amazonaws.com/vgpu: N` asks
+    # N of this many equal slices of one GPU.
+    vgpu: Annotated[int, msgspec.Meta(ge=1, le=100)] = 10
 
     # State and replicas.
     state_bucket: str = "vgpu-allocations"  # JetStream KV bucket; "" = memory only
@@ -92,4 +95,5 @@ class AllocatorSettings(msgspec.Struct, kw_only=True, frozen=True):
             default_memory_mib=self.default_memory_mib,
             default_cores=self.default_cores,
             translate_peers=self.translate_peers,
+            aws_slices_per_gpu=self.vgpu,
         )

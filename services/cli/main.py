@@ -211,6 +211,10 @@ def _serve(service: Any, name: str, log_level: str, otlp_endpoint: str) -> None:
 @click.option("--nats-url", default=None)
 @click.option("--http-host", default=None)
 @click.option("--http-port", type=int, default=None)
+@click.option(
+    "--vgpu", type=click.IntRange(1, 100), default=None,
+    help="Slices per GPU for k8s.amazonaws.com/vgpu (the AWS plugin's flag; default 10).",
+)  # fmt: skip
 def allocator(config_file: str | None, **flags: Any) -> None:
     """Run the allocator (scheduler extender + claim service)."""
     from services.allocator.service import Allocator

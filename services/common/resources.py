@@ -34,6 +34,9 @@ VOLCANO_CORES = "volcano.sh/vgpu-cores"
 ALIYUN_MEMORY = "aliyun.com/gpu-mem"  # GiB on one GPU, no compute share
 TENCENT_CORE = "tencent.com/vcuda-core"  # 100 = one whole GPU; below 100 a share of one
 TENCENT_MEMORY = "tencent.com/vcuda-memory"  # units of 256 MiB
+# gpu-manager's older spelling of the same two resources, read exactly alike.
+DOCKER_CORE = "docker.com/vcuda-core"
+DOCKER_MEMORY = "docker.com/vcuda-memory"
 AWS_VGPU = "k8s.amazonaws.com/vgpu"  # N equal slices of one GPU
 KAI_FRACTION = "gpu-fraction"  # pod annotation: share of one GPU, e.g. "0.5"
 KAI_MEMORY = "gpu-memory"  # pod annotation: MiB on one GPU
@@ -46,6 +49,8 @@ PEER_RESOURCES = (
     ALIYUN_MEMORY,
     TENCENT_CORE,
     TENCENT_MEMORY,
+    DOCKER_CORE,
+    DOCKER_MEMORY,
     AWS_VGPU,
 )
 # What the filter-and-bind extender entry manages (deploy/k8s/base/scheduler/config.yaml):
@@ -84,7 +89,7 @@ class RequestConfig:
     names: ResourceNames = field(default_factory=ResourceNames)
     default_memory_mib: int = 0  # 0: the whole card, as HAMi's defaultMem 0
     default_cores: int = 0  # 0: no compute limit, as HAMi's defaultCores 0
-    aws_slices_per_gpu: int = 10  # the AWS plugin's vGPUs per physical GPU
+    aws_slices_per_gpu: int = 10  # the AWS plugin's vGPUs per physical GPU (its --vgpu)
     translate_peers: bool = True
 
 
@@ -154,12 +159,20 @@ def _own_values(found: Mapping[str, int], names: ResourceNames) -> GpuValues:
     )
 
 
+def _one_spelling(found: Mapping[str, int], name: str, alias: str, where: str) -> int | None:
+    """gpu-manager's value under either spelling; both at once must agree."""
+    value, other = found.get(name), found.get(alias)
+    if value is not None and other is not None and value != other:
+        raise RequestError(f"{where}: {name} ({value}) and {alias} ({other}) disagree; give one")
+    return value if value is not None else other
+
+
 def _peer_values(found: Mapping[str, int], where: str, config: RequestConfig) -> GpuValues:
     """Translate one peer syntax into vgpu's terms; several syntaxes at once is an error."""
     families = {
         "volcano": {VOLCANO_NUMBER, VOLCANO_MEMORY, VOLCANO_MEMORY_PERCENT, VOLCANO_CORES},
         "aliyun": {ALIYUN_MEMORY},
-        "tencent": {TENCENT_CORE, TENCENT_MEMORY},
+        "tencent": {TENCENT_CORE, TENCENT_MEMORY, DOCKER_CORE, DOCKER_MEMORY},
         "aws": {AWS_VGPU},
     }
     used = [name for name, keys in families.items() if keys & set(found)]
@@ -180,19 +193,22 @@ def _peer_values(found: Mapping[str, int], where: str, config: RequestConfig) ->
             raise RequestError(f"{where} {ALIYUN_MEMORY}: must be at least 1 (GiB), got {gib}")
         return GpuValues(gpus=1, memory_mib=gib * ALIYUN_UNIT_MIB, cores=0, syntax=syntax)
     if syntax == "tencent":
-        core = found.get(TENCENT_CORE)
-        units = found.get(TENCENT_MEMORY)
+        core = _one_spelling(found, TENCENT_CORE, DOCKER_CORE, where)
+        units = _one_spelling(found, TENCENT_MEMORY, DOCKER_MEMORY, where)
+        docker = TENCENT_CORE not in found and TENCENT_MEMORY not in found
+        core_name = DOCKER_CORE if docker else TENCENT_CORE
         if core is None:
-            raise RequestError(f"{where}: {TENCENT_MEMORY} needs {TENCENT_CORE} beside it")
+            memory_name = DOCKER_MEMORY if docker else TENCENT_MEMORY
+            raise RequestError(f"{where}: {memory_name} needs {core_name} beside it")
         if core >= 100:
             if core % 100:
                 raise RequestError(
-                    f"{where} {TENCENT_CORE}: above 100 it must be a multiple of 100 (whole "
+                    f"{where} {core_name}: above 100 it must be a multiple of 100 (whole "
                     f"GPUs), got {core}"
                 )
             return GpuValues(gpus=core // 100, syntax=syntax)  # whole GPUs
         if core < 1:
-            raise RequestError(f"{where} {TENCENT_CORE}: must be at least 1, got {core}")
+            raise RequestError(f"{where} {core_name}: must be at least 1, got {core}")
         memory = None if units is None else units * TENCENT_UNIT_MIB
         return GpuValues(gpus=1, memory_mib=memory, cores=core, syntax=syntax)
     slices = found[AWS_VGPU]

@@ -53,6 +53,10 @@ def one(limits: dict[str, Any], **kwargs: Any) -> tuple[int, int, int, int]:
             (1, 5120, 0, 50),
         ),  # 256 MiB units
         ({"tencent.com/vcuda-core": 200}, (2, 0, 0, 100)),  # whole GPUs
+        # gpu-manager's docker.com spelling reads exactly as tencent.com
+        ({"docker.com/vcuda-core": 50, "docker.com/vcuda-memory": 20}, (1, 5120, 0, 50)),
+        ({"docker.com/vcuda-core": 100}, (1, 0, 0, 100)),
+        ({"docker.com/vcuda-core": 30, "tencent.com/vcuda-core": 30}, (1, 0, 0, 30)),
         ({"k8s.amazonaws.com/vgpu": 3}, (1, 0, 30, 30)),  # 3 of 10 slices
         ({"k8s.amazonaws.com/vgpu": 10}, (1, 0, 0, 100)),
     ],
@@ -64,6 +68,15 @@ def test_own_and_peer_syntaxes(limits: dict[str, Any], expected: tuple[int, int,
 def test_kai_annotations_apply_to_the_first_app_container() -> None:
     assert one({}, annotations={"gpu-fraction": "0.25"}) == (1, 0, 25, 0)
     assert one({}, annotations={"gpu-memory": "2000"}) == (1, 2000, 0, 0)
+
+
+def test_aws_slices_follow_the_plugins_vgpu_count() -> None:
+    # The AWS plugin's --vgpu (default 10): N asks N of that many equal slices of one GPU.
+    four = RequestConfig(aws_slices_per_gpu=4)
+    assert one({"k8s.amazonaws.com/vgpu": 1}, config=four) == (1, 0, 25, 25)
+    assert one({"k8s.amazonaws.com/vgpu": 4}, config=four) == (1, 0, 0, 100)
+    with pytest.raises(RequestError, match="must be 1-4"):
+        one({"k8s.amazonaws.com/vgpu": 5}, config=four)
 
 
 def test_hami_defaults_and_names_are_configurable() -> None:
@@ -92,6 +105,10 @@ def test_hami_defaults_and_names_are_configurable() -> None:
         ),
         ({"tencent.com/vcuda-core": 150}, {}, "multiple of 100"),
         ({"tencent.com/vcuda-memory": 4}, {}, "needs tencent.com/vcuda-core"),
+        ({"docker.com/vcuda-memory": 4}, {}, "docker.com/vcuda-memory needs docker.com/vcuda-core"),
+        ({"docker.com/vcuda-core": 250}, {}, "docker.com/vcuda-core: above 100 it must be"),
+        ({"docker.com/vcuda-core": 20, "tencent.com/vcuda-core": 30}, {}, "disagree"),
+        ({"docker.com/vcuda-core": 20, "aliyun.com/gpu-mem": 1}, {}, "mixes the aliyun and tencent"),
         ({"k8s.amazonaws.com/vgpu": 11}, {}, "must be 1-10"),
         ({}, {"gpu-fraction": "1.5"}, "expected a number in (0, 1]"),
         ({"nvidia.com/priority": 7, "nvidia.com/gpumem": 1}, {}, "0 (high) or 1 (low)"),
