@@ -1,7 +1,10 @@
 """A minimal stand-in for the API server's pod endpoints in local mode.
 
 In a cluster, a pod exists in the API server before kube-scheduler asks the extender about it;
-`vgpu submit` creates it here first, in the allocator's in-memory cluster backend.
+`vgpu submit` creates it here first, in the allocator's in-memory cluster backend. As a real
+API server, it runs the mutating admission webhooks on pod CREATE first (AdmissionReview v1
+over HTTPS to the allocator's webhook, services/simulators/admission.py), so peer syntaxes are
+rewritten into vgpu's names before anything schedules the pod.
 """
 
 from __future__ import annotations
@@ -12,16 +15,25 @@ from aiohttp import web
 
 from services.allocator.backend import BackendError, LocalClusterBackend
 from services.common.http_server import serve
+from services.simulators.admission import AdmissionRefused, MutatingAdmission
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"kind": "Status", "status": "Failure", "message": message},
-                             status=status)  # fmt: skip
+def _error(status: int, message: str, reason: str = "") -> web.Response:
+    body = {"kind": "Status", "status": "Failure", "message": message, "code": status}
+    if reason:
+        body["reason"] = reason
+    return web.json_response(body, status=status)
 
 
 class LocalApiServer:
-    def __init__(self, backend: LocalClusterBackend, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        backend: LocalClusterBackend,
+        host: str = "127.0.0.1",
+        admission: MutatingAdmission | None = None,
+    ) -> None:
         self._backend = backend
+        self._admission = admission
         self._host = host
         self._runner: web.AppRunner | None = None
         self._port = 0
@@ -56,6 +68,11 @@ class LocalApiServer:
         if not isinstance(metadata, dict) or metadata.get("namespace", namespace) != namespace:
             return _error(400, f"the pod must be an object with metadata in namespace {namespace}")
         metadata["namespace"] = namespace
+        if self._admission is not None:
+            try:
+                pod = await self._admission.admit(pod, namespace)
+            except AdmissionRefused as exc:
+                return _error(exc.code, exc.message, exc.reason)
         try:
             self._backend.add_pod(pod)
         except BackendError as exc:

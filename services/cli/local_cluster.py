@@ -19,10 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+import msgspec
+
 from services.allocator.backend import LocalClusterBackend
 from services.allocator.service import Allocator
 from services.allocator.settings import AllocatorSettings
 from services.cli.local_api import LocalApiServer
+from services.cli.local_tls import self_signed
 from services.cli.state import UpGpu, UpState
 from services.cli.supervisor import Backoff, supervise
 from services.common.embedded_nats import EmbeddedNats
@@ -30,11 +33,37 @@ from services.metrics.service import MetricsService
 from services.metrics.settings import MetricsSettings
 from services.nodeagent.service import NodeAgent
 from services.nodeagent.settings import NodeAgentSettings
+from services.simulators.admission import MutatingAdmission, MutatingWebhook
 from services.simulators.kubelet import KubeletSimSettings, KubeletSimulator
 
 log = logging.getLogger("vgpu.up")
 
 RESOURCE = "nvidia.com/gpu"
+# The allocator's entry of deploy/k8s/base/allocator/webhook.yaml, registered with the local
+# API server as a cluster registers it (tests/cli/test_local_admission.py keeps them equal).
+WEBHOOK_CONFIGURATION = {
+    "name": "pods.allocator.vgpu.io",
+    "admissionReviewVersions": ["v1"],
+    "sideEffects": "None",
+    "failurePolicy": "Ignore",
+    "matchPolicy": "Equivalent",
+    "reinvocationPolicy": "Never",
+    "timeoutSeconds": 5,
+    "clientConfig": {
+        "service": {"name": "vgpu-allocator", "namespace": "vgpu-system", "port": 443,
+                    "path": "/mutate"},
+    },
+    "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+               "resources": ["pods"], "scope": "Namespaced"}],
+    "namespaceSelector": {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+         "values": ["kube-system", "vgpu-system"]},
+        {"key": "vgpu.io/webhook", "operator": "NotIn", "values": ["disabled"]},
+    ]},
+    "objectSelector": {"matchExpressions": [
+        {"key": "vgpu.io/webhook", "operator": "NotIn", "values": ["disabled"]},
+    ]},
+}  # fmt: skip
 HOOK_BUILD = Path(__file__).resolve().parents[2] / "libvgpu-hook" / "build" / "libvgpu.so"
 
 
@@ -57,6 +86,9 @@ class LocalClusterSpec:
     metrics_port: int = 9400
     split_count: int = 10
     heartbeat_s: float = 5.0
+    # The local API server calls the allocator's mutating webhook on pod CREATE, as a cluster
+    # does with deploy/k8s (off: pods reach the scheduler exactly as written).
+    admission_webhook: bool = True
     hook_library: str = str(HOOK_BUILD)
 
 
@@ -122,11 +154,28 @@ class LocalCluster:
         nats_url = self.nats_url
 
         backend = LocalClusterBackend()
+        webhook: dict[str, object] = {}
+        if spec.admission_webhook:
+            cert = self_signed(self.work_dir / "webhook-tls", "vgpu-allocator.vgpu-system.svc")
+            webhook = {"webhook_port": 0, "webhook_host": "127.0.0.1",
+                       "tls_cert_file": cert.cert_file, "tls_key_file": cert.key_file}  # fmt: skip
         self.allocator = await self._run(
-            lambda port: Allocator(AllocatorSettings(nats_url=nats_url, http_port=port), backend),
+            lambda port: Allocator(
+                msgspec.convert({"nats_url": nats_url, "http_port": port, **webhook},
+                                AllocatorSettings), backend,
+            ),
             spec.allocator_port, "allocator",
         )  # fmt: skip
-        self.api = await self._run(lambda port: LocalApiServer(backend), 0, "api")
+        admission = None
+        if spec.admission_webhook:
+            assert self.allocator is not None
+            registered = MutatingWebhook.from_configuration(
+                WEBHOOK_CONFIGURATION, self.allocator.webhook_url, str(webhook["tls_cert_file"])
+            )
+            admission = MutatingAdmission([registered])
+        self.api = await self._run(
+            lambda port: LocalApiServer(backend, admission=admission), 0, "api"
+        )
         self.metrics = await self._run(
             lambda port: MetricsService(MetricsSettings(nats_url=nats_url, http_port=port)),
             spec.metrics_port, "metrics",

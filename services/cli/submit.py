@@ -1,8 +1,11 @@
 """`vgpu submit`: a Pod manifest through the scheduler simulator and the node's kubelet.
 
-The path is the production one: filter/prioritize/bind on the allocator's extender, then the
-kubelet simulator admits the pod through the node agent's device plugin (real gRPC), and the
-node agent writes each container's limit file once it knows whose devices those are.
+The path is the production one: the API server creates the pod (running the mutating
+webhook, which rewrites peer syntaxes into vgpu's names), filter/prioritize/bind on the
+allocator's extender, then the kubelet simulator admits the pod as the API server holds it
+(bound and annotated) through the node agent's device plugin (real gRPC), and the node agent
+writes each container's limit file once it knows whose devices those are. A container that
+asked for GPUs and got none fails the submission: placed without its GPU is not placed.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import msgspec
 import yaml
 
 from services.cli.state import UpState
-from services.common.resources import MANAGED_RESOURCES
+from services.common.quantity import QuantityError
+from services.common.resources import MANAGED_RESOURCES, RequestError, pod_container_values
 from services.common.tracing import inject_headers, tracer
 from services.simulators.kubelet_records import AdmitResult
 from services.simulators.scheduler import SchedulerSimulator
@@ -89,16 +93,73 @@ async def _wait_for_limits(host_dir: Path, timeout_s: float) -> dict[str, str]:
         await asyncio.sleep(0.05)
 
 
-async def _create(api_url: str, pod: dict[str, Any]) -> None:
+class CreateRefused(RuntimeError):
+    """The API server refused the pod (an admission webhook denied it, or it is invalid)."""
+
+
+def _status_message(body: str) -> str:
+    try:
+        status = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return body[:500]
+    message = status.get("message") if isinstance(status, dict) else None
+    return message if isinstance(message, str) and message else body[:500]
+
+
+async def _create(api_url: str, pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod as the API server stored it (after mutating admission)."""
     namespace = pod["metadata"]["namespace"]
     async with (
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
         session.post(f"{api_url}/api/v1/namespaces/{namespace}/pods", json=pod) as response,
     ):
+        body = await response.text()
         if response.status != 201:
-            raise RuntimeError(
-                f"creating the pod failed ({response.status}): {await response.text()}"
+            raise CreateRefused(
+                f"the API server refused the pod ({response.status}): {_status_message(body)}"
             )
+    created: dict[str, Any] = msgspec.json.decode(body)
+    return created
+
+
+async def _read(api_url: str, namespace: str, name: str) -> dict[str, Any]:
+    """The pod as the API server holds it now (bound and annotated), as the kubelet sees it."""
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+        session.get(f"{api_url}/api/v1/namespaces/{namespace}/pods/{name}") as response,
+    ):
+        body = await response.text()
+        if response.status != 200:
+            raise RuntimeError(f"reading pod {namespace}/{name} failed ({response.status}): "
+                               f"{_status_message(body)}")  # fmt: skip
+    pod: dict[str, Any] = msgspec.json.decode(body)
+    return pod
+
+
+def gpu_containers(pod: dict[str, Any]) -> dict[tuple[bool, str], str]:
+    """(init?, name) -> how the container asks for GPUs, for containers that do (any syntax)."""
+    try:
+        found = pod_container_values(pod)
+    except (RequestError, QuantityError):
+        return {}  # the extender has already refused such a pod, naming the field
+    asking: dict[tuple[bool, str], str] = {}
+    for key, _, name, values in found:
+        if values is not None and values.gpus != 0:
+            asking[(key == "initContainers", name)] = values.syntax
+    return asking
+
+
+def without_gpu(pod: dict[str, Any], containers: list[ContainerOutcome]) -> str:
+    """Why the admitted pod is a failure: a container that asked for GPUs got none ("" if not)."""
+    asking = gpu_containers(pod)
+    missing = [c for c in containers if (c.init, c.name) in asking and not c.gpus]
+    if not missing:
+        return ""
+    names = ", ".join(f"{c.name!r} ({asking[(c.init, c.name)]} syntax)" for c in missing)
+    return (
+        f"container(s) {names} asked for GPUs but the kubelet allocated none: their request "
+        f"never became a device-plugin resource (was the admission webhook bypassed?)"
+    )
 
 
 async def _admit(kubelet_url: str, pod: dict[str, Any]) -> AdmitResult:
@@ -136,7 +197,11 @@ async def submit(
         namespace=metadata["namespace"], name=metadata["name"], uid=metadata["uid"]
     )
     with _tracer.start_as_current_span(f"vgpu submit {outcome.namespace}/{outcome.name}"):
-        await _create(state.api_url, pod)
+        try:
+            pod = await _create(state.api_url, pod)
+        except CreateRefused as exc:
+            outcome.reason = str(exc)
+            return outcome
         # As deploy/k8s configures kube-scheduler: GPU pods filtered and bound by the
         # extender, every pod scored by it, the others bound through the API server.
         scheduler = SchedulerSimulator(
@@ -153,6 +218,7 @@ async def submit(
             outcome.reason = result.describe()
             return outcome
         outcome.node = result.node
+        pod = await _read(state.api_url, outcome.namespace, outcome.name)
         admitted = await _admit(state.kubelets[result.node], pod)
         if admitted.error:
             outcome.reason = f"admission failed on {result.node}: {admitted.error}"
@@ -161,14 +227,17 @@ async def submit(
             await _container_outcome(container, limits_timeout_s)
             for container in admitted.containers
         ]
+        outcome.reason = without_gpu(pod, outcome.containers)
     return outcome
 
 
 def render(outcome: SubmitOutcome) -> str:
     """The outcome for people: placement, then each container's environment and mounts."""
     title = f"pod {outcome.namespace}/{outcome.name}"
-    if outcome.node is None or outcome.reason:
+    if outcome.node is None:
         return f"{title}: not placed\n  reason: {outcome.reason}"
+    if outcome.reason:
+        return f"{title}: failed on node {outcome.node}\n  reason: {outcome.reason}"
     lines = [f"{title}: placed on node {outcome.node}"]
     for container in outcome.containers:
         kind = "init container" if container.init else "container"

@@ -14,6 +14,10 @@ field is 400). A watch through a selector sees an object ADDED when it starts to
 MODIFIED while it matches and DELETED (with its last matching content and the new
 resourceVersion) when it stops matching, as the watch cache sends them.
 
+Pod CREATE runs the mutating admission webhooks given (``admission``, see admission.py)
+before the pod is stored, as the real server does: AdmissionReview v1 over HTTPS, the JSON
+patch applied, failurePolicy honoured, a denial answered with the webhook's reason.
+
 The real ``kubernetes`` Python client drives it in tests; ``vgpu up`` may use it later.
 """
 
@@ -32,6 +36,8 @@ from typing import Any
 from aiohttp import web
 
 from services.common.http_server import serve
+from services.simulators.admission import AdmissionRefused, MutatingAdmission
+from services.simulators.json_patch import json_patch
 
 KEEP_CHANGES = 1000  # changes kept for watches to resume from
 SELECTABLE = {
@@ -113,56 +119,18 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
-def _pointer(path: str) -> list[str]:
-    if not path.startswith("/"):
-        raise ValueError(f"bad JSON pointer {path!r}")
-    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
-
-
-def json_patch(target: Any, operations: Any) -> Any:
-    """RFC 6902 JSON patch: add, replace, remove, test (what admission and clients use)."""
-    document = copy.deepcopy(target)
-    if not isinstance(operations, list):
-        raise ValueError("a JSON patch is a list of operations")
-    for op in operations:
-        parts = _pointer(op["path"])
-        parent = document
-        for part in parts[:-1]:
-            parent = parent[int(part)] if isinstance(parent, list) else parent[part]
-        last = parts[-1]
-        kind = op["op"]
-        if kind in ("add", "replace"):
-            if isinstance(parent, list):
-                index = len(parent) if last == "-" else int(last)
-                if kind == "add":
-                    parent.insert(index, op["value"])
-                else:
-                    parent[index] = op["value"]
-            else:
-                if kind == "replace" and last not in parent:
-                    raise ValueError(f"replace: {op['path']} does not exist")
-                parent[last] = op["value"]
-        elif kind == "remove":
-            if isinstance(parent, list):
-                parent.pop(int(last))
-            else:
-                del parent[last]
-        elif kind == "test":
-            value = parent[int(last)] if isinstance(parent, list) else parent.get(last)
-            if value != op["value"]:
-                raise ValueError(f"test failed at {op['path']}")
-        else:
-            raise ValueError(f"unsupported JSON patch op {kind!r}")
-    return document
-
-
 Change = tuple[int, str, str, dict[str, Any], dict[str, Any] | None]
 
 
 class FakeApiServer:
     def __init__(
-        self, host: str = "127.0.0.1", keep_changes: int = KEEP_CHANGES, port: int = 0
+        self,
+        host: str = "127.0.0.1",
+        keep_changes: int = KEEP_CHANGES,
+        port: int = 0,
+        admission: MutatingAdmission | None = None,
     ) -> None:
+        self._admission = admission
         self._host = host
         self._runner: web.AppRunner | None = None
         self._port = port  # 0: any free port
@@ -312,6 +280,11 @@ class FakeApiServer:
         if (namespace, name) in self.pods:
             return status_error(409, "AlreadyExists", f'pods "{name}" already exists')
         pod["metadata"]["namespace"] = namespace
+        if self._admission is not None:
+            try:
+                pod = await self._admission.admit(pod, namespace)
+            except AdmissionRefused as exc:
+                return status_error(exc.code, exc.reason, exc.message)
         return web.json_response(await self.create_pod(pod), status=201)
 
     def _find(self, request: web.Request) -> dict[str, Any]:

@@ -108,7 +108,11 @@ def test_hami_defaults_and_names_are_configurable() -> None:
         ({"docker.com/vcuda-memory": 4}, {}, "docker.com/vcuda-memory needs docker.com/vcuda-core"),
         ({"docker.com/vcuda-core": 250}, {}, "docker.com/vcuda-core: above 100 it must be"),
         ({"docker.com/vcuda-core": 20, "tencent.com/vcuda-core": 30}, {}, "disagree"),
-        ({"docker.com/vcuda-core": 20, "aliyun.com/gpu-mem": 1}, {}, "mixes the aliyun and tencent"),
+        (
+            {"docker.com/vcuda-core": 20, "aliyun.com/gpu-mem": 1},
+            {},
+            "mixes the aliyun and tencent",
+        ),
         ({"k8s.amazonaws.com/vgpu": 11}, {}, "must be 1-10"),
         ({}, {"gpu-fraction": "1.5"}, "expected a number in (0, 1]"),
         ({"nvidia.com/priority": 7, "nvidia.com/gpumem": 1}, {}, "0 (high) or 1 (low)"),

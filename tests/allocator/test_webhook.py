@@ -18,7 +18,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from services.allocator import Allocator
-from services.simulators.apiserver import json_patch
+from services.simulators.admission import MutatingAdmission, MutatingWebhook
+from services.simulators.apiserver import FakeApiServer, json_patch
 
 from .conftest import MakeAllocator
 
@@ -286,3 +287,39 @@ async def test_no_container_chooses_its_own_gpus(webhook) -> None:
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
     ]
     assert "env" not in d  # a container that does not name it is left as it is
+
+
+async def test_the_fake_api_server_runs_the_webhook_on_create(webhook, tmp_path: Path) -> None:
+    """The in-process API server calls the webhook as a real one does: the stored pod is the
+    patched one, and a denial is the pod's refusal, in the API server's words."""
+    allocator, _ = webhook
+    hook = MutatingWebhook(
+        name="pods.allocator.vgpu.io",
+        url=f"{allocator.webhook_url}/mutate",
+        ca_file=str(tmp_path / "tls.crt"),
+    )
+    server = FakeApiServer(admission=MutatingAdmission([hook]))
+    await server.start()
+    pods = f"{server.url}/api/v1/namespaces/ml/pods"
+    pod = {"metadata": {"name": "v"}, "spec": {"containers": [
+        {"name": "c", "resources": {"limits": {"docker.com/vcuda-core": "25"}}}]}}  # fmt: skip
+    bad = {"metadata": {"name": "b"}, "spec": {"containers": [
+        {"name": "c", "resources": {"limits": {"docker.com/vcuda-core": "250"}}}]}}  # fmt: skip
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(pods, json=pod) as created:
+                assert created.status == 201
+            async with http.post(pods, json=bad) as refused:
+                status = await refused.json()
+                assert refused.status == 400, status
+    finally:
+        await server.stop()
+    stored = server.pods[("ml", "v")]
+    assert stored["spec"]["containers"][0]["resources"]["limits"] == {
+        "nvidia.com/gpu": "1", "nvidia.com/gpucores": "25"}  # fmt: skip
+    assert stored["spec"]["schedulerName"] == "vgpu-scheduler"
+    assert ("ml", "b") not in server.pods
+    assert status["message"].startswith(
+        'admission webhook "pods.allocator.vgpu.io" denied the request: invalid GPU request'
+    )
+    assert "docker.com/vcuda-core: above 100 it must be a multiple of 100" in status["message"]

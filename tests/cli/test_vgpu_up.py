@@ -108,3 +108,25 @@ def test_submit_names_what_is_wrong_with_a_manifest(tmp_path: Path) -> None:
     manifest.write_text("kind: Pod\nmetadata: {name: [unclosed\n")
     result = run_vgpu("submit", str(manifest), state=state)
     assert "is not valid YAML" in result.stderr
+
+
+def test_submit_places_peer_syntaxes_and_fails_a_gpu_pod_left_without_gpu(
+    running_up: tuple[subprocess.Popen[str], Path, float], tmp_path: Path
+) -> None:
+    _, state, _ = running_up
+    placed = run_vgpu("submit", "examples/peers/tencent.yaml", state=state)
+    assert placed.returncode == 0, placed.stdout + placed.stderr
+    assert "pod default/vcuda: placed on node node-" in placed.stdout
+    assert "device.0.memory_limit_mib=2560" in placed.stdout
+    assert "device.0.cores=20" in placed.stdout
+
+    # Opted out of the webhook: the tencent.com names never become a device request.
+    manifest = tmp_path / "opted-out.yaml"
+    pod = (ROOT / "examples/peers/tencent.yaml").read_text()
+    manifest.write_text(pod.replace("name: vcuda", "name: opted-out\n  labels: "
+                                    "{vgpu.io/webhook: disabled}"))  # fmt: skip
+    failed = run_vgpu("submit", str(manifest), state=state)
+    assert failed.returncode == 1, failed.stdout
+    assert "pod default/opted-out: failed on node node-" in failed.stdout
+    assert "asked for GPUs but the kubelet allocated none" in failed.stdout
+    assert "placed on node" not in failed.stdout
