@@ -6,7 +6,7 @@ allocator reads is managed) and every pod (prioritize, weight 60, ignorable). */
 {{- $url := printf "http://%s:8080/scheduler" (include "vgpu.allocatorHost" .) -}}
 {{- $v := .Values -}}
 {{- $slice := list $v.resourceMem $v.resourceMemPercentage $v.resourceCores $v.resourcePriority -}}
-{{- $peers := list "volcano.sh/vgpu-number" "volcano.sh/vgpu-memory" "volcano.sh/vgpu-memory-percentage" "volcano.sh/vgpu-cores" "aliyun.com/gpu-mem" "tencent.com/vcuda-core" "tencent.com/vcuda-memory" "k8s.amazonaws.com/vgpu" -}}
+{{- $peers := list "volcano.sh/vgpu-number" "volcano.sh/vgpu-memory" "volcano.sh/vgpu-memory-percentage" "volcano.sh/vgpu-cores" "aliyun.com/gpu-mem" "tencent.com/vcuda-core" "tencent.com/vcuda-memory" "docker.com/vcuda-core" "docker.com/vcuda-memory" "k8s.amazonaws.com/vgpu" -}}
 apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
 leaderElection:
