@@ -126,3 +126,9 @@ def differences(left: Any, right: Any, where: str = "") -> list[str]:
         return [f for i, (a, b) in enumerate(zip(left, right, strict=True))
                 for f in differences(a, b, f"{where}[{i}]")]  # fmt: skip
     return [] if left == right else [f"{where}: kustomize {left!r}, chart {right!r}"]
+
+
+def parse_set(assignment: str) -> dict[str, Any]:
+    """A `--set` argument as Helm's own parser reads it."""
+    parsed: dict[str, Any] = _helm().parse_set_string(assignment)
+    return parsed

@@ -9,7 +9,9 @@ side by test_manifests.py and test_rbac.py, so they hold for the chart too.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -25,10 +27,20 @@ from tests.deploy.chart import (
     differences,
     lint_chart,
     normalized,
+    parse_set,
     render_chart,
     templates_used,
 )
-from tests.deploy.manifests import K8S, env_of, find, find_generated, kubectl, pod_spec, render
+from tests.deploy.manifests import (
+    K8S,
+    REPO,
+    env_of,
+    find,
+    find_generated,
+    kubectl,
+    pod_spec,
+    render,
+)
 
 DEV_VALUES = yaml.safe_load((CHART / "values-dev.yaml").read_text())
 
@@ -129,6 +141,9 @@ HAMI_VALUES: dict[str, Any] = {
             "gpuSchedulerPolicy": "spread",
         },
         "admissionWebhook": {"whitelistNamespaces": ["batch-system"]},
+        "kubeScheduler": {"image": {"registry": "registry.cn-hangzhou.aliyuncs.com",
+                                    "repository": "google_containers/kube-scheduler",
+                                    "tag": ""}},
     },
     "devicePlugin": {"deviceSplitCount": 4, "deviceListStrategy": "cdi-cri",
                      "nvidiaNodeSelector": {"gpu": "on"}},
@@ -153,6 +168,14 @@ def test_hami_values_reach_every_component() -> None:
     assert (config.default_memory_mib, config.default_cores) == (4096, 30)
     assert (settings.node_policy, settings.gpu_policy) == ("binpack", "spread")
     assert settings.scheduler_name == "hami-scheduler"
+
+    # HAMi's empty tag: the version of the API server Helm renders for.
+    kube_scheduler = pod_spec(find(docs, "Deployment", "vgpu-scheduler"))["containers"][0]
+    assert re.fullmatch(
+        r"registry\.cn-hangzhou\.aliyuncs\.com/google_containers/"
+        r"kube-scheduler:v1\.\d+\.\d+",
+        kube_scheduler["image"],
+    )
 
     agent_spec = pod_spec(find(docs, "DaemonSet", "vgpu-node-agent"))
     assert agent_spec["nodeSelector"] == {"gpu": "on"}
@@ -212,3 +235,72 @@ def test_chart_files_are_the_kustomize_files() -> None:
         link = CHART / "files" / name
         assert link.is_symlink()
         assert link.resolve() == (K8S / "base" / "nats" / name).resolve()
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"devicePlugin": {"deviceSplitcount": 5}}, "'/devicePlugin': additional properties "
+         "'deviceSplitcount' not allowed"),
+        ({"scheduler": {"nodeLockExpire": "5m"}}, "'/scheduler': additional properties "
+         "'nodeLockExpire' not allowed"),
+        ({"scheduler": {"defaultCores": 150}}, "'/scheduler/defaultCores': maximum: got 150"),
+        ({"nats": {"enabled": "yes"}}, "'/nats/enabled': got string, want boolean"),
+        ({"networkPolicy": {"apiServerCIDRs": ["10.0.0.1"]}}, "'/networkPolicy/apiServerCIDRs/0'"),
+        ({"scheduler": {"defaultSchedulerPolicy": {"gpuSchedulerPolicy": "random"}}},
+         "'/scheduler/defaultSchedulerPolicy/gpuSchedulerPolicy'"),
+    ],
+)  # fmt: skip
+def test_bad_values_are_refused_by_name(values: dict[str, Any], message: str) -> None:
+    """values.schema.json: a misspelt key, a HAMi-only key or a wrong type stops `helm
+    install` with the path of the value, instead of being ignored."""
+    with pytest.raises(Exception, match="values don't meet the specifications") as refused:
+        render_chart(values)
+    assert message in str(refused.value)
+
+
+def _value_paths(node: dict[str, Any], schema: dict[str, Any], prefix: str = "") -> list[str]:
+    """Every value an operator sets, by its dotted path; container resources count as one."""
+    while "$ref" in node:
+        if node["$ref"].endswith("/resources"):
+            return [prefix]
+        node = schema["definitions"][node["$ref"].rpartition("/")[2]]
+    if "properties" not in node:
+        return [prefix]
+    return [path for name, sub in node["properties"].items()
+            for path in _value_paths(sub, schema, f"{prefix}.{name}".lstrip("."))]  # fmt: skip
+
+
+def _helm_docs() -> str:
+    readme = (REPO / "deploy" / "README.md").read_text()
+    return readme[readme.index("## Helm") : readme.index("## Decisions")]
+
+
+def test_every_value_is_in_values_yaml_the_schema_and_the_docs() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    table = _helm_docs()
+    paths = _value_paths(schema, schema)
+    assert len(paths) > 60
+    for path in paths:
+        if path.rpartition(".")[2] == "registry":
+            continue  # optional per image, documented with its image
+        node: Any = defaults
+        for part in path.split("."):
+            assert isinstance(node, dict) and part in node, f"{path}: not in values.yaml"
+            node = node[part]
+        assert f"`{path}`" in table, f"{path}: not in deploy/README.md's values table"
+
+
+def test_documented_set_arguments_are_valid_values() -> None:
+    """Every `--set` for this chart in the docs parses as Helm parses it and passes the
+    schema (the install guide's Helm section; other charts' commands precede it)."""
+    install = (REPO / "docs" / "install.md").read_text()
+    docs = install[install.index("## Installing with Helm") : install.index("## Troubleshooting")]
+    assignments = re.findall(r"--set ([^\s`]+)", docs + _helm_docs())
+    assert len(assignments) >= 8
+    for assignment in assignments:
+        if "..." in assignment:
+            continue
+        shell_word = assignment.replace('""', "")  # what the shell passes on
+        assert render_chart(parse_set(shell_word)), assignment

@@ -17,11 +17,12 @@ app.kubernetes.io/name: vgpu
 app.kubernetes.io/component: {{ . }}
 {{- end }}
 
-{{/* An image reference from {repository, tag}, the global registry and the default tag. */}}
+{{/* An image reference from {registry, repository, tag}: the registry defaults to
+global.imageRegistry, the tag to the chart's appVersion. */}}
 {{- define "vgpu.image" -}}
 {{- $image := index . 0 -}}
 {{- $root := index . 1 -}}
-{{- $registry := $root.Values.global.imageRegistry -}}
+{{- $registry := $image.registry | default $root.Values.global.imageRegistry -}}
 {{- $tag := $image.tag | default $root.Chart.AppVersion -}}
 {{- if $registry }}{{ printf "%s/%s:%s" $registry $image.repository $tag }}{{ else }}{{ printf "%s:%s" $image.repository $tag }}{{ end }}
 {{- end }}
