@@ -28,6 +28,7 @@ from services.common.schemas import (
     PodAllocation,
 )
 
+from . import gpushare
 from .backend import ClusterBackend
 from .cluster import Charge, ClusterState
 from .core import FilterOutcome, PlacementCore, PodRef, Unplaceable, pod_ref
@@ -110,6 +111,8 @@ class PlacementEngine:
         self.journal = journal or Journal(core.ledger)
         self._events = events
         self._seen_pods: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        # gpushare pods bound but not yet claimed (their ASSIGNED annotation still "false").
+        self._gpushare_unassigned: OrderedDict[str, None] = OrderedDict()
         self._observed: OrderedDict[str, None] = OrderedDict()
 
     def set_event_sink(self, events: EventSink | None) -> None:
@@ -231,7 +234,7 @@ class PlacementEngine:
             return None
         self._observe_once(uid, request)
         allocation = await self._record_durably(ref, node, request, traceparent)
-        await self._tell_cluster(ref, allocation)
+        await self._tell_cluster(ref, allocation, self._gpushare_annotations(pod, allocation))
         self._seen_pods.pop(uid, None)
         log.info(
             "pod bound",
@@ -268,11 +271,44 @@ class PlacementEngine:
             return allocation
         raise BindError(f"pod {ref}: node {node!r} kept filling up under concurrent binds")
 
-    async def _tell_cluster(self, ref: PodRef, allocation: PodAllocation) -> None:
-        """Annotate, then bind (so the annotation is there when the node sees the pod)."""
+    def _gpushare_annotations(
+        self, pod: dict[str, Any], allocation: PodAllocation
+    ) -> dict[str, str]:
+        """gpushare's bind annotations for a pod asking aliyun.com/gpu-mem ({} otherwise)."""
+        total = gpushare.pod_total(pod, self.core.request_config)
+        first = gpushare.first_gpu(pod, allocation)
+        if total is None or first is None:
+            return {}
+        self._gpushare_unassigned[allocation.uid] = None
+        while len(self._gpushare_unassigned) > 10_000:  # pods never started: forget the oldest
+            self._gpushare_unassigned.popitem(last=False)
+        gpus = self.cluster.gpus(allocation.node) or ()
+        memory = next((g.memory_mib for g in gpus if g.uuid == first.uuid), first.memory_mib)
+        return gpushare.bind_annotations(total, first.index, memory)
+
+    async def _gpushare_assigned(self, allocation: PodAllocation) -> None:
+        """gpushare's device plugin marks its pod assigned once it has allocated it; vgpu's
+        node agent does so when it claims (best effort: the flag is informational)."""
+        if allocation.uid not in self._gpushare_unassigned:
+            return
+        del self._gpushare_unassigned[allocation.uid]
+        try:
+            await self.backend.annotate(allocation.namespace, allocation.name,
+                                        gpushare.assigned_annotations())  # fmt: skip
+        except Exception as exc:
+            log.warning("cannot mark a gpushare pod assigned",
+                        extra={"pod": f"{allocation.namespace}/{allocation.name}",
+                               "error": str(exc)})  # fmt: skip
+
+    async def _tell_cluster(
+        self, ref: PodRef, allocation: PodAllocation, extra: dict[str, str] | None = None
+    ) -> None:
+        """Annotate, then bind (so the annotations are there when the node sees the pod)."""
         try:
             await self.backend.annotate(
-                ref.namespace, ref.name, {ALLOCATION_ANNOTATION: annotation_value(allocation)}
+                ref.namespace,
+                ref.name,
+                {**(extra or {}), ALLOCATION_ANNOTATION: annotation_value(allocation)},
             )
             await self._cluster_bind(ref, allocation.node)
         except Exception as exc:
@@ -337,6 +373,7 @@ class PlacementEngine:
             },
         )
         await self._publish(node, "claimed", allocation)
+        await self._gpushare_assigned(allocation)
         for uid, other in touched.items():
             if uid != allocation.uid:  # still bound, unclaimed: its reservation moved
                 await self._publish(node, "bound", other)

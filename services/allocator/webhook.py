@@ -11,7 +11,9 @@ node (it is removed), and in any other container it becomes ``void``. A pod with
 malformed GPU request (or a quantity that is not one) is denied with the reason, naming the
 field. A pod asking for no GPU gets ``spec.schedulerName`` (with ``schedule_cpu_pods``, the
 default), so the GPU-aware host score places it too, and ``void`` for the containers that name
-``NVIDIA_VISIBLE_DEVICES``; nothing else of it changes.
+``NVIDIA_VISIBLE_DEVICES``; nothing else of it changes. Containers asking Aliyun gpushare's
+``aliyun.com/gpu-mem`` also get gpushare's four ``ALIYUN_COM_GPU_MEM_*`` variables and the pod
+its ``ALIYUN_COM_GPU_MEM_POD`` annotation (gpushare.py).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from services.common.resources import (
     normalized_limits,
 )
 
+from . import gpushare
 from .core import PlacementCore
 
 log = logging.getLogger("vgpu.allocator")
@@ -104,9 +107,16 @@ def mutate(
             patch.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler_name})
         return patch
     ours = set(config.names.own()) | set(PEER_RESOURCES)
+    aliyun = gpushare.asked_gib(pod, config)
+    aliyun_total = gpushare.pod_gib(pod, config)
     for path, init, container in _containers(spec):
         request = requests.get((init, container.get("name")))
-        if env_patch := _env_patch(path, container, gets_gpu=request is not None, always=True):
+        env_patch = _env_patch(path, container, gets_gpu=request is not None, always=True)
+        if request is not None and container.get("name") in aliyun:
+            env = env_patch["value"] if env_patch else list(container.get("env") or [])
+            env = gpushare.with_env(env, aliyun_total, aliyun[container["name"]])
+            env_patch = {"op": "add", "path": f"{path}/env", "value": env}
+        if env_patch:
             patch.append(env_patch)
         if request is None:
             continue
@@ -119,6 +129,13 @@ def mutate(
     if spec.get("schedulerName") in (None, "", "default-scheduler"):
         patch.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler_name})
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    if aliyun:  # gpushare's pod total; it also tells the allocator to write the rest at bind
+        if annotations:
+            path = f"/metadata/annotations/{_escape(gpushare.POD)}"
+            patch.append({"op": "add", "path": path, "value": str(aliyun_total)})
+        else:
+            patch.append({"op": "add", "path": "/metadata/annotations",
+                          "value": {gpushare.POD: str(aliyun_total)}})  # fmt: skip
     for kai in (KAI_FRACTION, KAI_MEMORY):
         if kai in annotations:  # translated above: the extender must not apply it again
             patch.append({"op": "remove", "path": f"/metadata/annotations/{_escape(kai)}"})

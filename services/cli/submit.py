@@ -183,7 +183,9 @@ async def _container_outcome(admitted: Any, limits_timeout_s: float) -> Containe
         name=admitted.name,
         init=admitted.init,
         gpus=[g for g in visible.split(",") if g],
-        envs=dict(admitted.envs),
+        # What the container's processes see: the device plugin's variables, then the
+        # container's own env (downward API resolved), which the runtime appends after them.
+        envs={**admitted.envs, **admitted.container_env},
         mounts=mounts,
         limits=limits,
     )

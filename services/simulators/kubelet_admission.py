@@ -123,7 +123,9 @@ class Admitter:
         held: dict[str, set[str]],
     ) -> tuple[ContainerRecord, AdmittedContainer]:
         record = ContainerRecord(container.name, container.init, container.restartable)
-        answer = AdmittedContainer(name=container.name, init=container.init)
+        answer = AdmittedContainer(
+            name=container.name, init=container.init, container_env=dict(container.env)
+        )
         for resource, needed in container.extended.items():
             if needed == 0 or not self._is_device_resource(resource):
                 continue

@@ -20,6 +20,8 @@ class ContainerSpec:
     init: bool
     restartable: bool  # an init container with restartPolicy Always (a sidecar)
     extended: dict[str, int] = field(default_factory=dict)  # extended resource -> count
+    # The container's own `env`, as the kubelet resolves it at start (downward API included).
+    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,57 @@ def _mapping(value: Any, where: str) -> Mapping[str, Any]:
     return value
 
 
-def _container(raw: Any, where: str, init: bool) -> ContainerSpec:
+def _field_value(pod: Mapping[str, Any], path: str, where: str) -> str:
+    """A downward-API fieldRef, as the kubelet resolves it for env (a missing label or
+    annotation is the empty string); PodError for a path the API server would refuse."""
+    metadata = _mapping(pod.get("metadata"), "metadata")
+    spec = _mapping(pod.get("spec"), "spec")
+    for kind in ("labels", "annotations"):
+        prefix = f"metadata.{kind}['"
+        if path.startswith(prefix) and path.endswith("']"):
+            value = _mapping(metadata.get(kind), f"metadata.{kind}").get(path[len(prefix) : -2])
+            return "" if value is None else str(value)
+    simple = {
+        "metadata.name": metadata.get("name"),
+        "metadata.namespace": metadata.get("namespace") or "default",
+        "metadata.uid": metadata.get("uid"),
+        "spec.nodeName": spec.get("nodeName"),
+        "spec.serviceAccountName": spec.get("serviceAccountName") or "default",
+        # No pod network is simulated: the addresses are empty.
+        "status.hostIP": "",
+        "status.hostIPs": "",
+        "status.podIP": "",
+        "status.podIPs": "",
+    }
+    if path not in simple:
+        raise PodError(f"{where}: unsupported fieldRef.fieldPath {path!r}")
+    value = simple[path]
+    return "" if value is None else str(value)
+
+
+def _env(pod: Mapping[str, Any], raw: Any, where: str) -> dict[str, str]:
+    """Literal values and downward-API fieldRefs; other sources (secrets, config maps) are
+    not simulated and left out."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, list):
+        raise PodError(f"{where}.env: expected a list")
+    env: dict[str, str] = {}
+    for position, item in enumerate(raw):
+        entry = _mapping(item, f"{where}.env[{position}]")
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            raise PodError(f"{where}.env[{position}]: name is missing")
+        source = _mapping(entry.get("valueFrom"), f"{where}.env[{position}].valueFrom")
+        field_ref = _mapping(source.get("fieldRef"), f"{where}.env[{position}].fieldRef")
+        if field_ref:
+            env[name] = _field_value(pod, str(field_ref.get("fieldPath")), f"{where}.env {name}")
+        elif not source:
+            env[name] = str(entry.get("value") or "")
+    return env
+
+
+def _container(raw: Any, where: str, init: bool, pod: Mapping[str, Any]) -> ContainerSpec:
     if not isinstance(raw, Mapping):
         raise PodError(f"{where}: expected a container object")
     name = raw.get("name")
@@ -80,7 +132,8 @@ def _container(raw: Any, where: str, init: bool) -> ContainerSpec:
             raise PodError(f"{where} {resource}: requests must equal limits")
         extended[resource] = count
     restartable = init and raw.get("restartPolicy") == "Always"
-    return ContainerSpec(name=name, init=init, restartable=restartable, extended=extended)
+    env = _env(pod, raw.get("env"), where)
+    return ContainerSpec(name=name, init=init, restartable=restartable, extended=extended, env=env)
 
 
 def parse_pod(pod: Any) -> PodSpec:
@@ -106,7 +159,7 @@ def parse_pod(pod: Any) -> PodSpec:
         if not isinstance(items, list):
             raise PodError(f"spec.{key}: expected a list")
         for position, raw in enumerate(items):
-            container = _container(raw, f"spec.{key}[{position}]", init)
+            container = _container(raw, f"spec.{key}[{position}]", init, pod)
             if container.name in names:
                 raise PodError(
                     f"spec.{key}[{position}]: duplicate container name {container.name!r}"

@@ -23,7 +23,10 @@ class AdmittedContainer(msgspec.Struct, kw_only=True):
     name: str
     init: bool = False
     device_ids: list[str] = []
-    envs: dict[str, str] = {}
+    envs: dict[str, str] = {}  # from the device plugin's Allocate answers
+    # The container's own env as the kubelet resolves it (downward API included); the
+    # runtime appends it after `envs`, so it wins where both name a variable.
+    container_env: dict[str, str] = {}
     mounts: list[MountInfo] = []
     devices: list[DeviceSpecInfo] = []
     annotations: dict[str, str] = {}

@@ -148,6 +148,17 @@ async def test_patches_names_defaults_scheduler_and_void(webhook) -> None:
     assert tencent["resources"]["limits"] == {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30"}
     assert tencent["resources"]["requests"] == tencent["resources"]["limits"]
     assert "gpu-fraction" not in patched["metadata"]["annotations"]
+    # gpushare's variables: the amounts known now, the GPU from the bind annotations.
+    assert ali["env"] == [
+        {"name": "ALIYUN_COM_GPU_MEM_IDX", "valueFrom": {"fieldRef": {
+            "fieldPath": "metadata.annotations['ALIYUN_COM_GPU_MEM_IDX']"}}},
+        {"name": "ALIYUN_COM_GPU_MEM_POD", "value": "2"},
+        {"name": "ALIYUN_COM_GPU_MEM_CONTAINER", "value": "2"},
+        {"name": "ALIYUN_COM_GPU_MEM_DEV", "valueFrom": {"fieldRef": {
+            "fieldPath": "metadata.annotations['ALIYUN_COM_GPU_MEM_DEV']"}}},
+    ]  # fmt: skip
+    assert patched["metadata"]["annotations"] == {"ALIYUN_COM_GPU_MEM_POD": "2"}
+    assert "env" not in kai and "env" not in tencent
 
 
 def patched_by(answer: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any]:

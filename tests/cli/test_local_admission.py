@@ -116,6 +116,12 @@ async def test_without_the_webhook_peer_pods_fail_and_vgpu_names_still_place() -
         failed = await submit(load_pod(PEERS / "gpushare.yaml"), local.state())
         assert failed.node == "node-1"
         assert "(aliyun syntax) asked for GPUs but the kubelet allocated none" in failed.reason
+        # The extender read gpushare's name and wrote gpushare's annotations all the same.
+        assert local.allocator is not None
+        stored = await local.allocator.backend.get_pod("default", "binpack-1")
+        assert stored is not None
+        assert stored["metadata"]["annotations"]["ALIYUN_COM_GPU_MEM_POD"] == "3"
+        assert stored["metadata"]["annotations"]["ALIYUN_COM_GPU_MEM_ASSIGNED"] == "false"
         placed = await submit(load_pod(PEERS / "hami.yaml"), local.state())
         assert not placed.reason and len(placed.containers[0].gpus) == 2
     finally:

@@ -319,7 +319,7 @@ async def test_http_api(node: Node, spans: InMemorySpanExporter) -> None:
         (container,) = admitted["containers"]
         assert set(container) == {
             "name", "init", "device_ids", "envs", "mounts", "devices", "annotations",
-            "cdi_devices",
+            "cdi_devices", "container_env",
         }  # fmt: skip
         assert [(m["container_path"], m["read_only"]) for m in container["mounts"]] == [
             ("/var/run/vgpu", True),
