@@ -41,6 +41,7 @@ class NodeInventory(msgspec.Struct, kw_only=True):
     cpu_milli: int = 0
     host_memory_mib: int = 0
     max_pods: int = 0
+    address: str = ""  # the node's IP, shown beside its name (gpushare's IPADDRESS)
 
 
 class GpuUsage(msgspec.Struct, frozen=True, kw_only=True):

@@ -62,6 +62,7 @@ class NodeView(msgspec.Struct, kw_only=True):
     silent_s: float  # since the last inventory
     agent_version: str
     gpus: list[GpuView]
+    address: str = ""  # the node's IP, as its agent states it ("" if unknown)
 
 
 class ContainerDeviceView(msgspec.Struct, kw_only=True):
@@ -259,6 +260,7 @@ class _Builder:
             silent_s=round(self.picture.silent_s(name, self.now), 1),
             agent_version=state.inventory.agent_version,
             gpus=[self.gpu(name, gpu) for gpu in gpus],
+            address=state.inventory.address,
         )  # fmt: skip
 
     def pod(self, uid: str) -> PodView | None:

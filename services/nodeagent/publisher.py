@@ -52,8 +52,10 @@ class Publisher:
         agent_version: str,
         on_sample: SampleSink | None = None,
         host: HostCapacity | None = None,
+        address: str = "",
     ) -> None:
         self._host = host or HostCapacity()
+        self._address = address
         self._bus = bus
         self._node = node_name
         self._backend = backend
@@ -88,6 +90,7 @@ class Publisher:
                 cpu_milli=self._host.cpu_milli,
                 host_memory_mib=self._host.memory_mib,
                 max_pods=self._host.pods,
+                address=self._address,
             )
             await self._bus.publish(subjects.inventory(self._node), inventory)
 

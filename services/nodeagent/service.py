@@ -18,6 +18,7 @@ from services.common.bus import Bus
 from services.common.schemas import GpuDevice, GpuUsage
 from services.common.tracing import setup_tracing
 from services.nodeagent import limits_file
+from services.nodeagent.address import node_address
 from services.nodeagent.catalog import DeviceCatalog
 from services.nodeagent.cleanup import DirectoryJanitor
 from services.nodeagent.container_files import config_dir
@@ -244,6 +245,7 @@ class NodeAgent:
             agent_version=agent_version(),
             on_sample=on_sample,
             host=HostCapacity(*host_capacity(s)),
+            address=node_address(s.node_ip, s.nats_url),
         )
         await publisher.start()
         stack.push_async_callback(publisher.stop)

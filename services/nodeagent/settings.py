@@ -17,6 +17,9 @@ from services.nodeagent.health import DEFAULT_IGNORED_XIDS, parse_xids
 class NodeAgentSettings(msgspec.Struct, kw_only=True, frozen=True):
     node_name: str
     nats_url: str = "nats://127.0.0.1:4222"
+    # The node's IP as stated in the inventory (e.g. from the downward API's status.hostIP);
+    # empty: the address this host reaches NATS from (address.py).
+    node_ip: str = ""
     # Simulated GPUs, e.g. "4xA100-40GB" or "2xA100-40GB,1xT4"; empty means real GPUs (NVML).
     simulate: str = ""
     # With `simulate`: the simulated CUDA driver's state directory (VGPU_SIM_STATE_DIR of the
