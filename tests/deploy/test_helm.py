@@ -304,3 +304,44 @@ def test_documented_set_arguments_are_valid_values() -> None:
             continue
         shell_word = assignment.replace('""', "")  # what the shell passes on
         assert render_chart(parse_set(shell_word)), assignment
+
+
+OPTION_VALUES: dict[str, dict[str, Any]] = {
+    "hami": HAMI_VALUES,
+    "dev": DEV_VALUES,
+    "options": {
+        "global": {"imagePullSecrets": [{"name": "regcred"}]},
+        "scheduler": {"certManager": {"enabled": True}, "leaderElect": False, "replicas": 1},
+        "devicePlugin": {"peerNodeLabels": True, "runtimeClassName": "nvidia",
+                         "failOnInitError": False, "onViolation": "kill"},
+        "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+        "nats": {"storageClassName": "fast-ssd"},
+        "networkPolicy": {"apiServerCIDRs": ["10.0.0.0/28"]},
+    },
+    "existing-nats": {"nats": {"enabled": False}, "scheduler": {"extender": {"stateReplicas": 1}},
+                      "nodeRestriction": {"enabled": False}, "networkPolicy": {"enabled": False}},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", OPTION_VALUES)
+def test_chart_objects_fit_the_kubernetes_schema_with_options(name: str) -> None:
+    """Values no overlay covers still give valid objects and settings the services load."""
+    from tests.deploy.test_manifests import SCHEMAS, _model_class, check
+    from tests.deploy.test_service_settings import _check
+
+    docs = render_chart(OPTION_VALUES[name])
+    problems: list[str] = []
+    for obj in docs:
+        schema = SCHEMAS.get((obj["apiVersion"], obj["kind"]))
+        if schema is not None:
+            problems += check(obj, schema, obj["metadata"]["name"])
+        else:
+            _model_class(obj).model_validate(obj)
+    assert not problems, "\n".join(problems)
+    checked = 0
+    for obj in (d for d in docs if d["kind"] in ("Deployment", "DaemonSet")):
+        for container in pod_spec(obj)["containers"]:
+            if container.get("command", [])[:1] == ["vgpu"]:
+                _check(container["command"][1:], env_of(container), obj["metadata"]["name"])
+                checked += 1
+    assert checked == 3
