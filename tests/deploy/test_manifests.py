@@ -392,6 +392,10 @@ def test_jobs_can_run_again() -> None:
         assert pod_spec(job)["restartPolicy"] == "OnFailure"
 
 
+_IN_MONITORING = {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["monitoring"]}
+_MONITORING = {"namespaceSelector": {"matchExpressions": [_IN_MONITORING]}}
+
+
 def test_nats_network_policy_lets_every_client_in() -> None:
     docs = render("")
     policy = find(docs, "NetworkPolicy", "vgpu-nats")
@@ -400,7 +404,13 @@ def test_nats_network_policy_lets_every_client_in() -> None:
                          nats["spec"]["template"]["metadata"]["labels"])  # fmt: skip
     rules = {rule["ports"][0]["port"]: rule.get("from") for rule in policy["spec"]["ingress"]}
     assert set(rules) == {"client", "cluster", "monitor"}
-    assert rules["monitor"] is None  # probes and Prometheus from anywhere
+    # Probes come from the node (never blocked); Prometheus from the monitoring namespace
+    # (components/network-policies, in production) or anywhere without that component.
+    assert rules["monitor"] == [_MONITORING]
+    assert (
+        "from"
+        not in find(render("overlays/dev"), "NetworkPolicy", "vgpu-nats")["spec"]["ingress"][2]
+    )
     clients = [obj for obj in pod_objects(docs)
                if any("VGPU_NATS_URL" in env_of(c) for c in containers(obj))]  # fmt: skip
     assert len(clients) == 3

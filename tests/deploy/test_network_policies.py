@@ -171,6 +171,9 @@ def test_nats_takes_clients_from_vgpu_pods_only(rendering: str) -> None:
     assert allowed(docs, nats, "cluster", _pod_source(nats))
     for source in (TENANT, PROMETHEUS, API_SERVER):
         assert not allowed(docs, nats, "client", source), source
+    # Its monitoring port lists connections and subscriptions: Prometheus, not tenants.
+    assert allowed(docs, nats, "monitor", PROMETHEUS)
+    assert not allowed(docs, nats, "monitor", TENANT)
 
 
 @renderings
