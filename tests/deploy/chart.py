@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -132,3 +133,20 @@ def parse_set(assignment: str) -> dict[str, Any]:
     """A `--set` argument as Helm's own parser reads it."""
     parsed: dict[str, Any] = _helm().parse_set_string(assignment)
     return parsed
+
+
+def notes(values: dict[str, Any] | None = None) -> str:
+    """What `helm install` prints after installing (templates/NOTES.txt)."""
+    with _helm().Chart.load(str(CHART)) as chart:
+        files = chart.render(values or {}, name=RELEASE, namespace=RELEASE_NAMESPACE)
+    return str(files[f"{CHART.name}/templates/NOTES.txt"])
+
+
+def render_packaged(destination: Path) -> list[Obj]:
+    """The default objects of the chart as `helm package` archives it (links resolved)."""
+    helm = _helm()
+    archive = Path(helm.package(str(CHART), destination=str(destination)))
+    with helm.Chart.load_archive(archive.read_bytes()) as chart:
+        files = chart.render({}, name=RELEASE, namespace=RELEASE_NAMESPACE)
+    return [doc for path, text in sorted(files.items()) if path.endswith(".yaml")
+            for doc in yaml.safe_load_all(text) if doc is not None]  # fmt: skip

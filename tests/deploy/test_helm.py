@@ -27,8 +27,10 @@ from tests.deploy.chart import (
     differences,
     lint_chart,
     normalized,
+    notes,
     parse_set,
     render_chart,
+    render_packaged,
     templates_used,
 )
 from tests.deploy.manifests import (
@@ -345,3 +347,30 @@ def test_chart_objects_fit_the_kubernetes_schema_with_options(name: str) -> None
                 _check(container["command"][1:], env_of(container), obj["metadata"]["name"])
                 checked += 1
     assert checked == 3
+
+
+def test_the_packaged_chart_renders_the_same(work_dir: Path) -> None:
+    """`helm package` resolves the links to deploy/k8s: the archive an operator installs from
+    renders what the directory does."""
+    assert _compare(render(""), render_packaged(work_dir)) == []
+
+
+def test_install_notes_warn_about_what_only_the_operator_can_fix() -> None:
+    default = notes()
+    assert "networkPolicy.apiServerCIDRs to your API server's source addresses" in default
+    assert "kubectl -n vgpu-system port-forward svc/vgpu-metrics 9400" in default
+    assert "nvidia-device-enable=enable" not in default
+    tuned = notes({
+        "networkPolicy": {"apiServerCIDRs": ["10.0.0.0/28"]},
+        "scheduler": {"kubeScheduler": {"image": {"tag": ""}}},
+        "devicePlugin": {"peerNodeLabels": True},
+    })  # fmt: skip
+    assert "apiServerCIDRs" not in tuned and "kube-scheduler may be" not in tuned
+    assert "k8s.amazonaws.com/accelerator=vgpu" in tuned
+    # kube-scheduler newer than the cluster, or two minors older: said; one older: fine.
+    own = render_chart({"scheduler": {"kubeScheduler": {"image": {"tag": ""}}}})
+    image = pod_spec(find(own, "Deployment", "vgpu-scheduler"))["containers"][0]["image"]
+    minor = int(image.rpartition(":v1.")[2].partition(".")[0])  # the version Helm renders for
+    for tag, warned in ((minor + 1, True), (minor - 1, False), (minor - 2, True)):
+        text = notes({"scheduler": {"kubeScheduler": {"image": {"tag": f"v1.{tag}.0"}}}})
+        assert ("kube-scheduler may be one minor version older" in text) == warned, tag
