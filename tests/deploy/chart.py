@@ -38,7 +38,6 @@ def _helm() -> Any:
         import helm_python
     except ImportError:
         pytest.fail("helm-python-sdk not found: install the test extras (pip install -e '.[test]')")
-    helm_python.disable_logging()  # it reports the chart's symlinked files on stderr
     return helm_python
 
 
