@@ -82,6 +82,11 @@ class AllocatorSettings(msgspec.Struct, kw_only=True, frozen=True):
     # The webhook also gives pods that ask for no GPU `scheduler_name`, so the GPU-aware
     # host score places them too (docs/allocator.md, "Pods without GPUs").
     schedule_cpu_pods: bool = True
+    # GPU pods naming one of these schedulers (a peer's that vgpu replaces) are given
+    # `scheduler_name` too; others are left to the scheduler they name. HAMi's own is adopted
+    # by default (nothing else serves it once vgpu replaces HAMi); add volcano or
+    # kai-scheduler when vgpu replaces those (docs/migrating.md).
+    adopt_schedulers: list[str] = msgspec.field(default_factory=lambda: ["hami-scheduler"])
 
     def request_config(self) -> RequestConfig:
         return RequestConfig(

@@ -91,7 +91,11 @@ def _containers(spec: Mapping[str, Any]) -> Iterator[tuple[str, bool, Mapping[st
 
 
 def mutate(
-    pod: Mapping[str, Any], config: RequestConfig, scheduler_name: str, cpu_pods: bool = False
+    pod: Mapping[str, Any],
+    config: RequestConfig,
+    scheduler_name: str,
+    cpu_pods: bool = False,
+    adopt: frozenset[str] = frozenset(),
 ) -> list[dict[str, Any]]:
     """The JSON patch for a pod; for a pod that asks for no GPU only its scheduler (with
     `cpu_pods`) and `void` where it names NVIDIA_VISIBLE_DEVICES, else []. RequestError or
@@ -126,7 +130,8 @@ def mutate(
         if "requests" in resources:
             resources["requests"] = {**_without(resources["requests"] or {}, ours), **limits}
         patch.append({"op": "add", "path": f"{path}/resources", "value": resources})
-    if spec.get("schedulerName") in (None, "", "default-scheduler"):
+    # A GPU pod naming a peer's scheduler that vgpu replaces (`adopt_schedulers`) moves too.
+    if spec.get("schedulerName") in (None, "", "default-scheduler", *adopt):
         patch.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler_name})
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     if aliyun:  # gpushare's pod total; it also tells the allocator to write the rest at bind
@@ -143,7 +148,11 @@ def mutate(
 
 
 def review(
-    body: bytes, config: RequestConfig, scheduler_name: str, cpu_pods: bool = False
+    body: bytes,
+    config: RequestConfig,
+    scheduler_name: str,
+    cpu_pods: bool = False,
+    adopt: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """An AdmissionReview answer for an AdmissionReview request; BadReview if malformed."""
     try:
@@ -162,7 +171,7 @@ def review(
     kind = (request.get("kind") or {}).get("kind")
     if kind == "Pod" and isinstance(pod, dict):
         try:
-            patch = mutate(pod, config, scheduler_name, cpu_pods)
+            patch = mutate(pod, config, scheduler_name, cpu_pods, adopt)
         except (RequestError, QuantityError) as exc:
             answer["allowed"] = False
             answer["status"] = {"code": 400, "message": f"invalid GPU request: {exc}"}
@@ -194,6 +203,7 @@ class WebhookServer:
                 self._config,
                 self._settings.scheduler_name,
                 self._settings.schedule_cpu_pods,
+                frozenset(self._settings.adopt_schedulers),
             )
         except BadReview as exc:
             REVIEWS.labels(outcome="bad_request").inc()

@@ -70,7 +70,7 @@ class LocalApiServer:
         metadata["namespace"] = namespace
         if self._admission is not None:
             try:
-                pod = await self._admission.admit(pod, namespace)
+                pod = await self._admission.admit(pod, namespace, headers=request.headers)
             except AdmissionRefused as exc:
                 return _error(exc.code, exc.message, exc.reason)
         try:

@@ -111,7 +111,9 @@ async def _create(api_url: str, pod: dict[str, Any]) -> dict[str, Any]:
     namespace = pod["metadata"]["namespace"]
     async with (
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
-        session.post(f"{api_url}/api/v1/namespaces/{namespace}/pods", json=pod) as response,
+        session.post(
+            f"{api_url}/api/v1/namespaces/{namespace}/pods", json=pod, headers=inject_headers()
+        ) as response,
     ):
         body = await response.text()
         if response.status != 201:

@@ -24,9 +24,11 @@ from typing import Any, Literal
 import aiohttp
 from prometheus_client import Counter
 
+from services.common.tracing import context_from_headers, inject_headers, tracer
 from services.simulators.json_patch import json_patch
 
 log = logging.getLogger("vgpu.apiserver")
+_tracer = tracer("vgpu.apiserver")
 
 REVIEW_VERSION = "admission.k8s.io/v1"
 CALLS = Counter(
@@ -203,12 +205,21 @@ class MutatingAdmission:
         self._trust = {w.ca_file: ssl.create_default_context(cafile=w.ca_file) for w in webhooks}
 
     async def admit(
-        self, pod: dict[str, Any], namespace: str, operation: str = "CREATE"
+        self,
+        pod: dict[str, Any],
+        namespace: str,
+        operation: str = "CREATE",
+        headers: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
-        """The pod as the webhooks leave it; AdmissionRefused when one refuses it."""
+        """The pod as the webhooks leave it; AdmissionRefused when one refuses it. `headers`:
+        the creating request's, whose trace context the calls continue (as the API server's
+        tracing does)."""
+        parent = context_from_headers(headers)
         for webhook in self.webhooks:
             if webhook.applies(operation, namespace, pod):
-                pod = await self._call(webhook, pod, namespace, operation)
+                name = f"admission webhook {webhook.name}"
+                with _tracer.start_as_current_span(name, context=parent):
+                    pod = await self._call(webhook, pod, namespace, operation)
         return pod
 
     async def _call(
@@ -245,7 +256,12 @@ class MutatingAdmission:
         try:
             async with (
                 aiohttp.ClientSession(timeout=timeout) as session,
-                session.post(webhook.url, json=review, ssl=self._trust[webhook.ca_file]) as answer,
+                session.post(
+                    webhook.url,
+                    json=review,
+                    headers=inject_headers(),
+                    ssl=self._trust[webhook.ca_file],
+                ) as answer,
             ):
                 if answer.status != 200:
                     body = (await answer.text())[:300]

@@ -282,7 +282,7 @@ class FakeApiServer:
         pod["metadata"]["namespace"] = namespace
         if self._admission is not None:
             try:
-                pod = await self._admission.admit(pod, namespace)
+                pod = await self._admission.admit(pod, namespace, headers=request.headers)
             except AdmissionRefused as exc:
                 return status_error(exc.code, exc.reason, exc.message)
         return web.json_response(await self.create_pod(pod), status=201)

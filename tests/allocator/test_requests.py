@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from services.allocator.pod_request import parse_pod
 from services.allocator.policies import POLICIES
+from services.allocator.settings import AllocatorSettings
+from services.common.config import ConfigError, load_settings
 from services.common.resources import (
     RequestConfig,
     RequestError,
@@ -153,3 +156,14 @@ def test_selection_policies_numa_and_host_needs() -> None:
     assert (request.cpu_milli, request.memory_mib) == (1500, 2048)
     with pytest.raises(RequestError, match="unknown policy 'best'"):
         parse_pod(pod({"nvidia.com/gpu": 1}, {"hami.io/gpu-scheduler-policy": "best"}), KNOWN)
+
+
+def test_the_allocator_setting_vgpu_is_the_aws_count(tmp_path: Path) -> None:
+    config = tmp_path / "vgpu.yaml"
+    config.write_text("allocator:\n  vgpu: 4\n")
+    settings = load_settings(AllocatorSettings, section="allocator", file=config, environ={})
+    assert one({"k8s.amazonaws.com/vgpu": 1}, config=settings.request_config()) == (1, 0, 25, 25)
+    default = load_settings(AllocatorSettings, section="allocator", environ={})
+    assert default.request_config().aws_slices_per_gpu == 10
+    with pytest.raises(ConfigError, match="vgpu"):
+        load_settings(AllocatorSettings, section="allocator", environ={"VGPU_VGPU": "0"})

@@ -18,6 +18,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from services.allocator import Allocator
+from services.allocator.webhook import mutate
+from services.common.resources import RequestConfig
 from services.simulators.admission import MutatingAdmission, MutatingWebhook
 from services.simulators.apiserver import FakeApiServer, json_patch
 
@@ -334,3 +336,25 @@ async def test_the_fake_api_server_runs_the_webhook_on_create(webhook, tmp_path:
         'admission webhook "pods.allocator.vgpu.io" denied the request: invalid GPU request'
     )
     assert "docker.com/vcuda-core: above 100 it must be a multiple of 100" in status["message"]
+
+
+def test_gpu_pods_naming_an_adopted_peer_scheduler_move_to_vgpus() -> None:
+    volcano = {"metadata": {"name": "v"}, "spec": {"schedulerName": "volcano", "containers": [
+        {"name": "c", "resources": {"limits": {"volcano.sh/vgpu-number": "1"}}}]}}  # fmt: skip
+    kai_cpu = {"metadata": {"name": "k"}, "spec": {"schedulerName": "kai-scheduler",
+                                                   "containers": [{"name": "c"}]}}  # fmt: skip
+    adopt = frozenset({"volcano", "kai-scheduler"})
+    config = RequestConfig()
+    moved = json_patch(volcano, mutate(volcano, config, "vgpu-scheduler", True, adopt))
+    assert moved["spec"]["schedulerName"] == "vgpu-scheduler"
+    kept = json_patch(volcano, mutate(volcano, config, "vgpu-scheduler", True))
+    assert kept["spec"]["schedulerName"] == "volcano"  # not adopted: Volcano keeps it
+    # Pods asking for no GPU stay with the scheduler they name.
+    assert mutate(kai_cpu, config, "vgpu-scheduler", True, adopt) == []
+
+
+async def test_hamis_scheduler_is_adopted_by_default(webhook) -> None:
+    hami = {"metadata": {"name": "h"}, "spec": {"schedulerName": "hami-scheduler", "containers": [
+        {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}  # fmt: skip
+    _, answer = await call(webhook, review_of(hami, uid="r-h"))
+    assert patched_by(answer, hami)["spec"]["schedulerName"] == "vgpu-scheduler"

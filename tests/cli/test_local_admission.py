@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from services.cli.local_cluster import WEBHOOK_CONFIGURATION, LocalCluster, LocalClusterSpec
 from services.cli.local_tls import self_signed
@@ -74,9 +75,15 @@ async def test_each_peers_documented_pod_places_and_gets_its_slice(
     assert "placed on node" in render(outcome)
 
 
-async def test_the_stored_pod_carries_vgpus_names_and_scheduler(cluster: LocalCluster) -> None:
+async def test_the_stored_pod_carries_vgpus_names_and_scheduler(
+    cluster: LocalCluster, spans: InMemorySpanExporter
+) -> None:
     pod = load_pod(PEERS / "tencent.yaml")
     await submit(pod, cluster.state())
+    finished = spans.get_finished_spans()
+    (root,) = [s for s in finished if s.name == "vgpu submit default/vcuda"]
+    (call,) = [s for s in finished if s.name == "admission webhook pods.allocator.vgpu.io"]
+    assert call.context.trace_id == root.context.trace_id
     assert cluster.allocator is not None
     stored = await cluster.allocator.backend.get_pod("default", "vcuda")
     assert stored is not None
