@@ -284,7 +284,8 @@ class PlacementEngine:
             self._gpushare_unassigned.popitem(last=False)
         gpus = self.cluster.gpus(allocation.node) or ()
         memory = next((g.memory_mib for g in gpus if g.uuid == first.uuid), first.memory_mib)
-        return gpushare.bind_annotations(total, first.index, memory)
+        unit = self.core.request_config.aliyun_unit_mib
+        return gpushare.bind_annotations(total, first.index, memory, unit_mib=unit)
 
     async def _gpushare_assigned(self, allocation: PodAllocation) -> None:
         """gpushare's device plugin marks its pod assigned once it has allocated it; vgpu's

@@ -37,9 +37,10 @@ GIB_MIB = 1024
 
 
 def asked_gib(pod: Mapping[str, Any], config: RequestConfig = DEFAULT_CONFIG) -> dict[str, int]:
-    """GiB each container asks in gpushare's syntax, by container name (init ones included)."""
+    """What each container asks in gpushare's syntax, in gpushare's unit (GiB unless its
+    --memory-unit is MiB: `aliyun_unit_mib`), by container name (init ones included)."""
     return {
-        name: (values.memory_mib or 0) // GIB_MIB
+        name: (values.memory_mib or 0) // config.aliyun_unit_mib
         for _, _, name, values in pod_container_values(pod, config)
         if values is not None and values.syntax == "aliyun"
     }
@@ -75,13 +76,17 @@ def with_env(env: list[dict[str, Any]], total_gib: int, container_gib: int) -> l
 
 
 def bind_annotations(
-    total_gib: int, gpu_index: int, gpu_memory_mib: int, now_ns: int | None = None
+    total_gib: int,
+    gpu_index: int,
+    gpu_memory_mib: int,
+    now_ns: int | None = None,
+    unit_mib: int = GIB_MIB,
 ) -> dict[str, str]:
-    """What gpushare's extender writes on the pod at bind."""
+    """What gpushare's extender writes on the pod at bind (amounts in gpushare's unit)."""
     return {
         IDX: str(gpu_index),
         POD: str(total_gib),
-        DEV: str(gpu_memory_mib // GIB_MIB),
+        DEV: str(gpu_memory_mib // unit_mib),
         ASSIGNED: "false",
         ASSUME_TIME: str(time.time_ns() if now_ns is None else now_ns),
     }

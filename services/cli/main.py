@@ -215,6 +215,10 @@ def _serve(service: Any, name: str, log_level: str, otlp_endpoint: str) -> None:
     "--vgpu", type=click.IntRange(1, 100), default=None,
     help="Slices per GPU for k8s.amazonaws.com/vgpu (the AWS plugin's flag; default 10).",
 )  # fmt: skip
+@click.option(
+    "--memory-unit", type=click.Choice(["GiB", "MiB"]), default=None,
+    help="What aliyun.com/gpu-mem counts (gpushare's flag; default GiB).",
+)  # fmt: skip
 def allocator(config_file: str | None, **flags: Any) -> None:
     """Run the allocator (scheduler extender + claim service)."""
     from services.allocator.service import Allocator

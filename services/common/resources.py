@@ -90,6 +90,8 @@ class RequestConfig:
     default_memory_mib: int = 0  # 0: the whole card, as HAMi's defaultMem 0
     default_cores: int = 0  # 0: no compute limit, as HAMi's defaultCores 0
     aws_slices_per_gpu: int = 10  # the AWS plugin's vGPUs per physical GPU (its --vgpu)
+    # gpushare's --memory-unit: aliyun.com/gpu-mem counts GiB (its default) or MiB.
+    aliyun_unit_mib: int = ALIYUN_UNIT_MIB
     translate_peers: bool = True
 
 
@@ -188,10 +190,12 @@ def _peer_values(found: Mapping[str, int], where: str, config: RequestConfig) ->
             syntax=syntax,
         )
     if syntax == "aliyun":
-        gib = found[ALIYUN_MEMORY]
-        if gib < 1:
-            raise RequestError(f"{where} {ALIYUN_MEMORY}: must be at least 1 (GiB), got {gib}")
-        return GpuValues(gpus=1, memory_mib=gib * ALIYUN_UNIT_MIB, cores=0, syntax=syntax)
+        units = found[ALIYUN_MEMORY]
+        unit = "GiB" if config.aliyun_unit_mib == ALIYUN_UNIT_MIB else "MiB"
+        if units < 1:
+            raise RequestError(f"{where} {ALIYUN_MEMORY}: must be at least 1 ({unit}), got {units}")
+        memory = units * config.aliyun_unit_mib
+        return GpuValues(gpus=1, memory_mib=memory, cores=0, syntax=syntax)
     if syntax == "tencent":
         core = _one_spelling(found, TENCENT_CORE, DOCKER_CORE, where)
         units = _one_spelling(found, TENCENT_MEMORY, DOCKER_MEMORY, where)

@@ -167,3 +167,14 @@ def test_the_allocator_setting_vgpu_is_the_aws_count(tmp_path: Path) -> None:
     assert default.request_config().aws_slices_per_gpu == 10
     with pytest.raises(ConfigError, match="vgpu"):
         load_settings(AllocatorSettings, section="allocator", environ={"VGPU_VGPU": "0"})
+
+
+def test_gpushares_memory_unit_setting() -> None:
+    # gpushare's --memory-unit=MiB: aliyun.com/gpu-mem counts MiB.
+    settings = load_settings(AllocatorSettings, section="allocator", environ={},
+                             overrides={"memory_unit": "MiB"})  # fmt: skip
+    assert one({"aliyun.com/gpu-mem": 3000}, config=settings.request_config()) == (1, 3000, 0, 0)
+    assert one({"aliyun.com/gpu-mem": 3}) == (1, 3072, 0, 0)  # GiB by default
+    with pytest.raises(ConfigError, match="memory_unit"):
+        load_settings(AllocatorSettings, section="allocator", environ={},
+                      overrides={"memory_unit": "GB"})  # fmt: skip

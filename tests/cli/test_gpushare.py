@@ -19,6 +19,7 @@ from services.cli import inspect_gpushare
 from services.cli.inspect import fetch_picture
 from services.cli.local_cluster import LocalCluster, LocalClusterSpec
 from services.cli.submit import load_pod, submit
+from services.common.resources import RequestConfig
 from services.metrics.views import ClusterView
 
 PEERS = Path(__file__).resolve().parents[2] / "examples" / "peers"
@@ -164,3 +165,13 @@ def test_tabwriter_aligns_as_gos() -> None:
     text = "a\tbb\tlast\nccc\td\tx\nno tabs\nz\t\n"
     assert inspect_gpushare.tabwrite(text).splitlines() == [
         "a    bb  last", "ccc  d   x", "no tabs", "z  "]  # fmt: skip
+
+
+def test_with_gpushares_mib_unit_the_amounts_are_mib() -> None:
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [
+        {"name": "c", "resources": {"limits": {"aliyun.com/gpu-mem": "3000"}}}]}}  # fmt: skip
+    mib = RequestConfig(aliyun_unit_mib=1)
+    assert gpushare.asked_gib(pod, mib) == {"c": 3000}
+    assert gpushare.pod_total(pod, mib) == 3000
+    annotations = gpushare.bind_annotations(3000, 0, 40960, now_ns=1, unit_mib=1)
+    assert annotations["ALIYUN_COM_GPU_MEM_DEV"] == "40960"
