@@ -1,10 +1,12 @@
 """The cluster as placement sees it: nodes, their GPUs' capacity and what is promised on them.
 
 Capacity comes from the node agents' inventories: a GPU's schedulable memory is the card's
-memory minus a reserve (CUDA context, driver), times the node's memory scaling (> 1
-oversubscribes, as HAMi's deviceMemoryScaling); compute is 100 per GPU; task slots are the
-split count. Usage is the sum of the ledger's charges. Every change to a node bumps its
-``version``, which is what the placement caches key on.
+memory minus a reserve (CUDA context, driver), times its memory scaling (> 1
+oversubscribes, as HAMi's deviceMemoryScaling); compute is 100 per GPU times its cores
+scaling; task slots are its split count. Each figure is the GPU's own where its agent states
+it, else the allocator's setting; a per-node memory scaling in the allocator's settings wins
+over both (``gpu_capacity``). Usage is the sum of the ledger's charges. Every change to a
+node bumps its ``version``, which is what the placement caches key on.
 
 Freshness is measured on this process's monotonic clock at receipt, not from the sender's
 ``sent_at``, so clock skew between nodes cannot make a live node look dead (or the reverse).
@@ -23,6 +25,7 @@ import msgspec
 from services.common.schemas import GpuDevice, NodeInventory
 
 FULL_COMPUTE = 100
+_NO_GPU = GpuDevice(uuid="", index=-1, model="", memory_mib=0)  # states nothing
 
 
 class Charge(NamedTuple):
@@ -47,9 +50,10 @@ class Charge(NamedTuple):
 class GpuState:
     device: GpuDevice
     base_memory_mib: int  # the card minus the reserve: what 100% of the card means
-    memory_mib: int  # schedulable: base x the node's memory scaling
+    memory_mib: int  # schedulable: base x the GPU's memory scaling
     slots: int  # task slots (split count)
     used: Charge = field(default_factory=Charge)
+    compute: int = FULL_COMPUTE  # compute shares may sum to this: 100 x the cores scaling
 
     @property
     def uuid(self) -> str:
@@ -69,7 +73,7 @@ class GpuState:
 
     @property
     def free_cores(self) -> int:
-        return FULL_COMPUTE - self.used.cores
+        return self.compute - self.used.cores
 
     @property
     def free_slots(self) -> int:
@@ -131,7 +135,14 @@ class NodeState:
         self.positions = {g.uuid: i for i, g in enumerate(self.gpus)}
         self.capacity_signature = (
             tuple(
-                (g.device.model, g.base_memory_mib, g.memory_mib, g.slots, g.device.numa_node)
+                (
+                    g.device.model,
+                    g.base_memory_mib,
+                    g.memory_mib,
+                    g.slots,
+                    g.compute,
+                    g.device.numa_node,
+                )
                 for g in self.gpus
             ),
             self.cpu_milli,
@@ -151,6 +162,7 @@ class NodeState:
                     *g.state_key(),
                     g.memory_mib,
                     g.slots,
+                    g.compute,
                     g.device.numa_node,
                     tuple(sorted(positions[p] for p in g.device.nvlink_peers if p in positions)),
                 )
@@ -165,7 +177,7 @@ class NodeState:
         memo = self._free_cores
         if memo is None or memo[0] != self.version:
             free = sorted(
-                (FULL_COMPUTE - g.used.cores for g in self.gpus if g.healthy and g.free_slots > 0),
+                (g.compute - g.used.cores for g in self.gpus if g.healthy and g.free_slots > 0),
                 reverse=True,
             )
             memo = self._free_cores = (self.version, tuple(free))
@@ -191,6 +203,25 @@ class CapacityConfig:
     split_count: int = 10
     memory_scaling: float = 1.0
     node_memory_scaling: Mapping[str, float] = field(default_factory=dict)
+    cores_scaling: float = 1.0
+
+
+class GpuCapacity(NamedTuple):
+    """What one GPU offers placement: memory scaling, compute total (percent), task slots."""
+
+    memory_scaling: float
+    compute: int
+    slots: int
+
+
+def gpu_capacity(config: CapacityConfig, node: str, gpu: GpuDevice) -> GpuCapacity:
+    """The GPU's sharing figures. Precedence: the allocator's per-node memory scaling (an
+    operator's override), then what the node's agent states for the GPU, then the allocator's
+    cluster-wide setting (agents that state nothing)."""
+    memory = config.node_memory_scaling.get(node) or gpu.memory_scaling or config.memory_scaling
+    cores = gpu.cores_scaling or config.cores_scaling
+    slots = gpu.split_count or config.split_count
+    return GpuCapacity(memory, max(1, round(FULL_COMPUTE * cores)), slots)
 
 
 class ClusterState:
@@ -282,10 +313,13 @@ class ClusterState:
     ) -> None:
         """A new NodeState for the node (its capacity changed), usage carried over."""
         unique = inventory.gpus
-        scaling = self.capacity.node_memory_scaling.get(
-            inventory.node, self.capacity.memory_scaling
+        capacities = [gpu_capacity(self.capacity, inventory.node, gpu) for gpu in unique]
+        gpus = [self._gpu_state(g, c) for g, c in zip(unique, capacities, strict=True)]
+        # The node's figure on its allocations: its most oversubscribed GPU.
+        scaling = max(
+            (c.memory_scaling for c in capacities),
+            default=gpu_capacity(self.capacity, inventory.node, _NO_GPU).memory_scaling,
         )
-        gpus = [self._gpu_state(gpu, scaling) for gpu in unique]
         node = NodeState(
             name=inventory.node,
             inventory=inventory,
@@ -318,19 +352,20 @@ class ClusterState:
             size = len(node.gpus)
             self.idle_nodes[size] = self.idle_nodes.get(size, 0) + sign
         for gpu in node.gpus:
-            free = sign * (FULL_COMPUTE - gpu.used.cores) / FULL_COMPUTE
+            free = sign * (gpu.compute - gpu.used.cores) / gpu.compute
             self.free_gpus += free
             model = gpu.device.model
             self.free_by_model[model] = self.free_by_model.get(model, 0.0) + free
             self.gpus_by_model[model] = self.gpus_by_model.get(model, 0) + sign
 
-    def _gpu_state(self, gpu: GpuDevice, scaling: float) -> GpuState:
+    def _gpu_state(self, gpu: GpuDevice, capacity: GpuCapacity) -> GpuState:
         base = max(0, gpu.memory_mib - self.capacity.memory_reserve_mib)
         return GpuState(
             device=gpu,
             base_memory_mib=base,
-            memory_mib=int(base * scaling),
-            slots=self.capacity.split_count,
+            memory_mib=int(base * capacity.memory_scaling),
+            slots=capacity.slots,
+            compute=capacity.compute,
         )
 
     # -- usage ----------------------------------------------------------------------------

@@ -56,7 +56,9 @@ def describe_request(request: ContainerRequest) -> str:
 
 
 def need_text(request: ContainerRequest) -> str:
-    if request.memory_mib:
+    if request.equal_share:
+        memory = "an equal share of its memory"
+    elif request.memory_mib:
         memory = f"{request.memory_mib} MiB"
     elif request.memory_percent:
         memory = f"{request.memory_percent}% of its memory"
@@ -68,7 +70,10 @@ def need_text(request: ContainerRequest) -> str:
 
 
 def memory_needed(request: ContainerRequest, gpu: GpuState) -> int:
-    """MiB of one slice: as asked, a share of the card (after the reserve), or all of it."""
+    """MiB of one slice: as asked, a share of the card (after the reserve), an equal share
+    (schedulable memory / split count), or all of it."""
+    if request.equal_share:
+        return gpu.memory_mib // gpu.slots
     if request.memory_mib:
         return request.memory_mib
     if request.memory_percent:
@@ -103,7 +108,7 @@ def pod_charges(containers: Mapping[str, ContainerAllocation]) -> dict[str, Char
 
 def _within(gpu: GpuState, used: Charge) -> bool:
     return (
-        used.memory_mib <= gpu.memory_mib and used.cores <= FULL_COMPUTE and used.slots <= gpu.slots
+        used.memory_mib <= gpu.memory_mib and used.cores <= gpu.compute and used.slots <= gpu.slots
     )
 
 
@@ -148,7 +153,7 @@ class _Placer:
             am, ac, an = am + need, ac + cores, an + 1
         tm, tc, tn = max(am, im), max(ac, ic), max(an, inn)
         um, uc, un = _ZERO if self.empty else gpu.used
-        if um + tm > gpu.memory_mib or uc + tc > FULL_COMPUTE or un + tn > gpu.slots:
+        if um + tm > gpu.memory_mib or uc + tc > gpu.compute or un + tn > gpu.slots:
             return None
         em, ec, en = self.trial.extra.get(uuid) or _ZERO
         return Charge(tm - em, tc - ec, tn - en)

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .cluster import FULL_COMPUTE, Charge, ClusterState, GpuState, NodeState
+from .cluster import Charge, ClusterState, GpuState, NodeState
 from .fragmentation import MixSnapshot, expected_increase, free_share
 from .pod_request import PodRequest
 
@@ -58,7 +58,7 @@ class Trial:
             gpu.device.model,
             gpu.base_memory_mib,
             gpu.memory_mib - used.memory_mib,
-            FULL_COMPUTE - used.cores,
+            gpu.compute - used.cores,
             gpu.slots - used.slots,
             self.empty or gpu.healthy,
         )
@@ -94,7 +94,7 @@ def _fullness(trial: Trial, gpus: Sequence[GpuState], adds: Sequence[Charge]) ->
         um, uc, _ = _ZERO if trial.empty else gpu.used
         em, ec, _ = trial.extra.get(gpu.uuid) or _ZERO
         memory = (um + em + add[0]) / gpu.memory_mib if gpu.memory_mib else 1.0
-        total += (memory + (uc + ec + add[1]) / FULL_COMPUTE) / 2
+        total += (memory + (uc + ec + add[1]) / gpu.compute) / 2
     return total / len(gpus) if gpus else 0.0
 
 

@@ -61,6 +61,7 @@ class Allocator:
                 split_count=settings.split_count,
                 memory_scaling=settings.memory_scaling,
                 node_memory_scaling=dict(settings.node_memory_scaling),
+                cores_scaling=settings.cores_scaling,
             ),
         )
         self.inventory = self.cluster  # the name earlier callers know

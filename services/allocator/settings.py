@@ -39,6 +39,10 @@ class AllocatorSettings(msgspec.Struct, kw_only=True, frozen=True):
     split_count: Annotated[int, msgspec.Meta(ge=1)] = 10  # task slots per GPU
     memory_scaling: Scaling = 1.0  # > 1 oversubscribes GPU memory (HAMi deviceMemoryScaling)
     node_memory_scaling: dict[str, Scaling] = {}  # per node, overriding memory_scaling
+    # Compute shares on a GPU may sum to 100 x this (4paradigm's --device-cores-scaling).
+    # memory_scaling, cores_scaling and split_count apply to GPUs whose node agent states no
+    # figure of its own; node_memory_scaling overrides the agents' (docs/allocator.md).
+    cores_scaling: Scaling = 1.0
     mix_window: Annotated[int, msgspec.Meta(ge=10)] = 2000  # recent pods FGD weighs
     # Python's cyclic GC: the first generation's threshold (0 = leave the default, 700). The
     # placement caches hold many small objects; frequent collections were the largest part of
@@ -60,6 +64,9 @@ class AllocatorSettings(msgspec.Struct, kw_only=True, frozen=True):
     # Aliyun gpushare's --memory-unit: what `aliyun.com/gpu-mem: N` counts (and the unit of
     # its ALIYUN_COM_GPU_MEM_* variables and annotations).
     memory_unit: Literal["GiB", "MiB"] = "GiB"
+    # A bare `nvidia.com/gpu: N` gets, on each GPU, memory scaling x memory / split count and
+    # no compute limit (4paradigm's plugin), instead of whole GPUs.
+    count_only_equal_share: bool = False
 
     # State and replicas.
     state_bucket: str = "vgpu-allocations"  # JetStream KV bucket; "" = memory only
@@ -105,4 +112,5 @@ class AllocatorSettings(msgspec.Struct, kw_only=True, frozen=True):
             translate_peers=self.translate_peers,
             aws_slices_per_gpu=self.vgpu,
             aliyun_unit_mib=1024 if self.memory_unit == "GiB" else 1,
+            count_only_equal_share=self.count_only_equal_share,
         )

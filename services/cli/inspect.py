@@ -168,8 +168,9 @@ def render_nodes(view: ClusterView, details: bool) -> list[str]:
                 _state(node) if position == 0 else "",
                 str(gpu.index), gpu.model + unhealthy,
                 f"{gpu.memory_allocated_mib}/{gpu.memory_mib} "
-                f"({_percent(gpu.memory_allocated_mib, gpu.memory_mib)})",
-                f"{gpu.cores_allocated}/100%",
+                f"({_percent(gpu.memory_allocated_mib, gpu.memory_mib)})"
+                + (f" oversubscribed x{gpu.memory_scaling:g}" if gpu.oversubscribed else ""),
+                f"{gpu.cores_allocated}/{round(100 * gpu.cores_scaling)}%",
                 _known(gpu.memory_used_mib), _known(gpu.sm_util_percent, "%"), _pods_on(gpu),
             ])  # fmt: skip
             if details:

@@ -258,6 +258,25 @@ def allocator(config_file: str | None, **flags: Any) -> None:
 )
 @click.option("--max-pods", type=int, default=None, help="Pods the node takes "
               "(default: 110 for simulated nodes).")  # fmt: skip
+# The 4paradigm vGPU device plugin's flags, with its meaning (docs/nodeagent.md).
+@click.option(
+    "--device-split-count", "split_count", type=int, default=None,
+    help="Tasks one GPU takes at most (device IDs per GPU; default 10).",
+)  # fmt: skip
+@click.option(
+    "--device-memory-scaling", "memory_scaling", type=float, default=None,
+    help="Memory slices on a GPU may sum to this x its memory (> 1 oversubscribes).",
+)  # fmt: skip
+@click.option(
+    "--device-cores-scaling", "cores_scaling", type=float, default=None,
+    help="Compute shares on a GPU may sum to 100 x this percent.",
+)  # fmt: skip
+@click.option(
+    "--fail-on-init-error", "fail_on_init_error", type=click.BOOL, default=None,
+    is_flag=False, flag_value=True,
+    help="No NVML or no GPU: exit with the reason (true, the default) or stay up, "
+    "registered with no devices (false).",
+)  # fmt: skip
 def node_agent(config_file: str | None, **flags: Any) -> None:
     """Run the node agent (device plugin, inventory and usage publisher)."""
     from services.nodeagent.service import NodeAgent

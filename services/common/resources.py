@@ -93,6 +93,8 @@ class RequestConfig:
     # gpushare's --memory-unit: aliyun.com/gpu-mem counts GiB (its default) or MiB.
     aliyun_unit_mib: int = ALIYUN_UNIT_MIB
     translate_peers: bool = True
+    # A bare GPU count asks for equal shares (S x M / K per GPU, 4paradigm), not whole GPUs.
+    count_only_equal_share: bool = False
 
 
 DEFAULT_CONFIG = RequestConfig()
@@ -293,8 +295,12 @@ def _to_request(
         raise RequestError(f"{where} {names.memory}: must not be negative, got {memory}")
     if memory and percent:
         raise RequestError(f"{where}: give {names.memory} or {names.memory_percent}, not both")
+    equal_share = False
     if all(v is None for v in given_share):
-        cores = 100  # a bare GPU count asks for whole GPUs
+        if config.count_only_equal_share:
+            equal_share, cores = True, 0  # sized per GPU at placement
+        else:
+            cores = 100  # a bare GPU count asks for whole GPUs
     elif not memory and not percent:
         memory = config.default_memory_mib  # HAMi's defaultMem; 0 = the whole card
     priority = values.priority if values.priority is not None else -1
@@ -308,6 +314,7 @@ def _to_request(
         cores=cores,
         init=init,
         priority=priority,
+        equal_share=equal_share,
     )
 
 

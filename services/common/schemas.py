@@ -24,6 +24,12 @@ class GpuDevice(msgspec.Struct, frozen=True, kw_only=True):
     compute_capability: str = ""  # e.g. "8.0"
     mig_mode: bool = False  # MIG enabled (current mode)
     nvlink_peers: list[str] = []  # UUIDs of GPUs of this node reached over an active NVLink
+    # How the node shares this GPU, as its agent is configured (4paradigm's
+    # --device-memory-scaling, --device-cores-scaling, --device-split-count); 0 = not stated,
+    # the allocator's own settings apply (docs/allocator.md, "Capacity").
+    memory_scaling: float = 0.0  # > 1: memory oversubscribed (slices may exceed the card)
+    cores_scaling: float = 0.0  # compute shares on the GPU may sum to 100 x this
+    split_count: int = 0  # tasks the GPU takes at most (device IDs advertised for it)
 
 
 class NodeInventory(msgspec.Struct, kw_only=True):
@@ -121,6 +127,9 @@ class ContainerRequest(msgspec.Struct, frozen=True, kw_only=True):
     cores: int = 0  # percent of each GPU's SMs; 0 = no compute limit
     init: bool = False
     priority: int = -1  # nvidia.com/priority as HAMi: 0 high, 1 low; -1 not given
+    # A bare GPU count read with the equal-share option (4paradigm's behaviour): each GPU
+    # gives S x M / K MiB (its memory scaling, memory, split count) and no compute limit.
+    equal_share: bool = False
 
 
 class GpuSlice(msgspec.Struct, frozen=True, kw_only=True):

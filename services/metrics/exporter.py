@@ -50,6 +50,13 @@ def vgpu_families(view: ClusterView) -> Iterator[Metric]:
         "stranded": _gauge("vgpu_gpu_stranded_memory_bytes",
                            "Free memory on the GPU that no pending pod's shape fits",
                            GPU_LABELS),
+        "memory_scaling": _gauge("vgpu_gpu_memory_scaling",
+                                 "Memory slices may sum to this x the card (> 1 oversubscribed)",
+                                 GPU_LABELS),
+        "oversubscribed": _gauge("vgpu_gpu_memory_oversubscribed",
+                                 "1 when the GPU's memory scaling is above 1", GPU_LABELS),
+        "cores_scaling": _gauge("vgpu_gpu_cores_scaling",
+                                "Compute shares may sum to 100% x this", GPU_LABELS),
     }  # fmt: skip
     per_device = {
         "asked": _gauge("vgpu_container_memory_requested_bytes",
@@ -79,6 +86,9 @@ def vgpu_families(view: ClusterView) -> Iterator[Metric]:
             gpu["slices"].add_metric(labels, len(card.slices))
             gpu["healthy"].add_metric(labels, 1.0 if card.healthy else 0.0)
             gpu["stranded"].add_metric(labels, card.stranded_memory_mib * MIB)
+            gpu["memory_scaling"].add_metric(labels, card.memory_scaling)
+            gpu["oversubscribed"].add_metric(labels, 1.0 if card.oversubscribed else 0.0)
+            gpu["cores_scaling"].add_metric(labels, card.cores_scaling)
             if card.memory_used_mib is not None:
                 gpu["used"].add_metric(labels, card.memory_used_mib * MIB)
             if card.sm_util_percent is not None:

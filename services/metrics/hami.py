@@ -58,10 +58,13 @@ def hami_families(view: ClusterView, legacy: bool = True) -> Iterator[Metric]:
     for node, gpu in _devices(view):
         device = [node.name, gpu.uuid, str(gpu.index), device_type(gpu), ZONE]
         host = [node.name, str(gpu.index), gpu.uuid, device_type(gpu)]
+        # As HAMi registers a device: its memory and 100% times the node's scaling.
+        memory_limit = round(gpu.memory_mib * gpu.memory_scaling) * MIB
+        core_limit = round(100 * gpu.cores_scaling)
         out.add("hami_gpu_memory_limit_bytes", "Device memory limit for a certain GPU", DEVICE,
-                device, gpu.memory_mib * MIB)  # fmt: skip
+                device, memory_limit)  # fmt: skip
         out.add("hami_gpu_core_limit_ratio", "Device core limit for a certain GPU (percent)",
-                DEVICE, device, 100)  # fmt: skip
+                DEVICE, device, core_limit)  # fmt: skip
         out.add("hami_gpu_memory_allocated_bytes", "Device memory allocated for a certain GPU",
                 DEVICE, device, gpu.memory_allocated_mib * MIB)  # fmt: skip
         out.add("hami_gpu_core_allocated_ratio",
@@ -90,9 +93,9 @@ def hami_families(view: ClusterView, legacy: bool = True) -> Iterator[Metric]:
         if legacy:
             legacy_device = [node.name, gpu.uuid, str(gpu.index), ZONE]
             out.add("GPUDeviceMemoryLimit", "Device memory limit for a certain GPU",
-                    LEGACY_DEVICE, legacy_device, gpu.memory_mib * MIB)  # fmt: skip
+                    LEGACY_DEVICE, legacy_device, memory_limit)  # fmt: skip
             out.add("GPUDeviceCoreLimit", "Device core limit for a certain GPU", LEGACY_DEVICE,
-                    legacy_device, 100)  # fmt: skip
+                    legacy_device, core_limit)  # fmt: skip
             out.add("GPUDeviceMemoryAllocated", "Device memory allocated for a certain GPU",
                     LEGACY_DEVICE, legacy_device, gpu.memory_allocated_mib * MIB)  # fmt: skip
             out.add("GPUDeviceCoreAllocated", "Device core allocated for a certain GPU",

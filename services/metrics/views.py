@@ -54,6 +54,17 @@ class GpuView(msgspec.Struct, kw_only=True):
     sm_util_percent: float | None
     stranded_memory_mib: int
     slices: list[SliceView]
+    # How the node shares the GPU (its agent's figures, else what placements on it used):
+    # memory slices may sum to memory_scaling x memory_mib, compute to 100 x cores_scaling.
+    memory_scaling: float = 1.0
+    cores_scaling: float = 1.0
+    oversubscribed: bool = False  # memory_scaling > 1: slices may exceed the card
+
+
+def gpu_scaling(gpu: GpuDevice, placed: float) -> tuple[float, float]:
+    """(memory, cores) scaling of a GPU: what its agent states, else the highest figure its
+    placements recorded (the allocator's setting then), else 1."""
+    return gpu.memory_scaling or placed or 1.0, gpu.cores_scaling or 1.0
 
 
 class NodeView(msgspec.Struct, kw_only=True):
@@ -120,7 +131,7 @@ class Totals(msgspec.Struct, kw_only=True):
     memory_mib: int = 0
     memory_allocated_mib: int = 0
     memory_used_mib: int = 0  # over GPUs with a fresh report
-    cores: int = 0  # 100 per GPU
+    cores: int = 0  # 100 per GPU (times its cores scaling)
     cores_allocated: int = 0
     slices: int = 0
     pods: int = 0
@@ -173,8 +184,13 @@ class _Builder:
         self.picture = picture
         self.now = picture.clock() if now is None else now
         self.slices: dict[str, list[SliceView]] = {}  # by GPU uuid, in bind order
+        self.placed_scaling: dict[str, float] = {}  # by GPU uuid: the pods' memory scaling
         for pod in picture.pods.values():
             for container in pod.containers.values():
+                for piece in container.slices:
+                    self.placed_scaling[piece.uuid] = max(
+                        self.placed_scaling.get(piece.uuid, 0.0), pod.memory_scaling
+                    )
                 devices = self._container_devices(pod, container.container)
                 for piece in container.slices:
                     device = devices.get(piece.uuid)
@@ -241,7 +257,10 @@ class _Builder:
     def gpu(self, node: str, gpu: GpuDevice) -> GpuView:
         usage = self.picture.fresh_usage(node, self.now).get(gpu.uuid)
         memory, cores = self._allocated(gpu.uuid)
+        memory_scaling, cores_scaling = gpu_scaling(gpu, self.placed_scaling.get(gpu.uuid, 0.0))
         return GpuView(
+            memory_scaling=memory_scaling, cores_scaling=cores_scaling,
+            oversubscribed=memory_scaling > 1,
             uuid=gpu.uuid, index=gpu.index, model=gpu.model, healthy=gpu.healthy,
             memory_mib=gpu.memory_mib, memory_allocated_mib=memory,
             memory_used_mib=usage.memory_used_mib if usage else None,
@@ -326,7 +345,7 @@ class _Builder:
                 totals.memory_mib += gpu.memory_mib
                 totals.memory_allocated_mib += gpu.memory_allocated_mib
                 totals.memory_used_mib += gpu.memory_used_mib or 0
-                totals.cores += 100
+                totals.cores += round(100 * gpu.cores_scaling)
                 totals.cores_allocated += gpu.cores_allocated
                 totals.slices += len(gpu.slices)
         return totals

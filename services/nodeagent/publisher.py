@@ -8,9 +8,11 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import msgspec
+
 from services.common import subjects
 from services.common.bus import Bus
-from services.common.schemas import GpuUsage, NodeInventory, NodeUsage
+from services.common.schemas import GpuDevice, GpuUsage, NodeInventory, NodeUsage
 from services.nodeagent.catalog import DeviceCatalog
 from services.nodeagent.gpus.backend import GpuBackend, GpuProcess
 
@@ -39,10 +41,32 @@ class HostCapacity:
     pods: int = 0
 
 
+@dataclass(frozen=True)
+class GpuSharing:
+    """How this node shares each of its GPUs, stated in the inventory for the allocator
+    (0 = not stated: the allocator's own settings apply)."""
+
+    memory_scaling: float = 0.0
+    cores_scaling: float = 0.0
+    split_count: int = 0
+
+    def describe(self, gpus: list[GpuDevice]) -> list[GpuDevice]:
+        return [
+            msgspec.structs.replace(
+                gpu,
+                memory_scaling=self.memory_scaling,
+                cores_scaling=self.cores_scaling,
+                split_count=self.split_count,
+            )
+            for gpu in gpus
+        ]
+
+
 class Publisher:
     def __init__(
         self,
         *,
+        sharing: GpuSharing | None = None,
         bus: Bus,
         node_name: str,
         backend: GpuBackend,
@@ -56,6 +80,7 @@ class Publisher:
     ) -> None:
         self._host = host or HostCapacity()
         self._address = address
+        self._sharing = sharing or GpuSharing()
         self._bus = bus
         self._node = node_name
         self._backend = backend
@@ -81,7 +106,7 @@ class Publisher:
             self._seq += 1
             inventory = NodeInventory(
                 node=self._node,
-                gpus=self._catalog.gpus,
+                gpus=self._sharing.describe(self._catalog.gpus),
                 agent_version=self._agent_version,
                 heartbeat_s=self._heartbeat_s,
                 seq=self._seq,

@@ -27,6 +27,7 @@ from services.nodeagent.context_overhead import container_overhead, parse_overhe
 from services.nodeagent.device_watch import DeviceWatcher
 from services.nodeagent.gpus import GpuBackend, GpuProcess, NvmlInitError, backend_for
 from services.nodeagent.gpus.backend import LoadSink
+from services.nodeagent.gpus.none import NoGpuBackend
 from services.nodeagent.grant import ContainerGrant, GrantIssuer, container_key, plan_grant
 from services.nodeagent.health import HealthMarks, HealthMonitor, parse_xids
 from services.nodeagent.kubelet_checkpoint import CHECKPOINT_FILE, KubeletCheckpoint
@@ -35,7 +36,7 @@ from services.nodeagent.plugin import OPTIONS, DevicePluginServicer
 from services.nodeagent.podresources import PodResourcesClient
 from services.nodeagent.preferred import PreferenceAdvisor
 from services.nodeagent.process_map import ProcessAttributor, figures_of
-from services.nodeagent.publisher import HostCapacity, Publisher
+from services.nodeagent.publisher import GpuSharing, HostCapacity, Publisher
 from services.nodeagent.registration import DevicePluginServer
 from services.nodeagent.relay import RelayHub
 from services.nodeagent.resolver import AllocateCall, AllocationResolver
@@ -90,7 +91,9 @@ class NodeAgent:
         self._relay: RelayHub | None = None
         self._janitor: DirectoryJanitor | None = None
         self._verifier: Verifier | None = None
-        self.idle_reason = ""  # why the agent serves nothing (no NVML, no GPU), if it does not
+        # Why the agent serves no GPU (no NVML, no GPU), when fail_on_init_error=false let it
+        # stay up anyway: registered with the kubelet and on the bus, with nothing to offer.
+        self.idle_reason = ""
 
     @property
     def node_name(self) -> str:
@@ -135,7 +138,7 @@ class NodeAgent:
         return self._backend.devices() if self._backend is not None else []
 
     async def start(self) -> None:
-        if self._plugin_server is not None or self.idle_reason:
+        if self._plugin_server is not None:
             return
         try:
             await self._start()
@@ -143,7 +146,7 @@ class NodeAgent:
             await self.stop()
             raise
 
-    def _open_backend(self) -> GpuBackend | None:
+    def _open_backend(self) -> GpuBackend:
         s = self._settings
         if self._backend is not None:
             return self._backend
@@ -157,24 +160,28 @@ class NodeAgent:
                     f"{exc} (set fail_on_init_error=false to idle on nodes without GPUs)"
                 ) from exc
             self.idle_reason = f"NVML unavailable: {exc}"
-            return None
+            self._backend = NoGpuBackend(self.idle_reason)
         return self._backend
 
     async def _start(self) -> None:
         s = self._settings
         setup_tracing("vgpu-nodeagent", s.otlp_endpoint)
         backend = await asyncio.to_thread(self._open_backend)
-        if backend is None:
-            log.warning("node agent idle", extra={"node": s.node_name, "reason": self.idle_reason})
-            return
         self._stack.callback(backend.close)
         marks = HealthMarks()
         first = await asyncio.to_thread(lambda: marks.apply(backend.devices()))
-        if not first:
-            # As NVIDIA's plugin: a node without GPUs registers nothing and waits.
+        if not first and not self.idle_reason:
+            # As 4paradigm's plugin: no GPU is an init error (exit, so the DaemonSet's pod
+            # shows it), unless the operator runs the agent on nodes without GPUs too.
+            if s.fail_on_init_error:
+                raise NvmlInitError(
+                    "no GPUs found (set fail_on_init_error=false to idle on nodes without GPUs)"
+                )
             self.idle_reason = "no GPUs found"
+        if self.idle_reason:
+            # Registered with nothing: the kubelet sees zero devices, the allocator a node
+            # without GPUs; GPUs that appear later are picked up by the device watcher.
             log.warning("node agent idle", extra={"node": s.node_name, "reason": self.idle_reason})
-            return
         stack = self._stack
         bus = await Bus.connect(s.nats_url, f"vgpu-nodeagent-{s.node_name}")
         stack.push_async_callback(bus.close)
@@ -236,6 +243,7 @@ class NodeAgent:
                 relay.set_flags(container.key, verifier.flags(container.key))
 
         publisher = Publisher(
+            sharing=GpuSharing(s.memory_scaling, s.cores_scaling, s.split_count),
             bus=bus,
             node_name=s.node_name,
             backend=backend,
@@ -259,7 +267,7 @@ class NodeAgent:
         self._watcher = watcher
         watcher.start()
         stack.push_async_callback(watcher.stop)
-        if s.health_checks:
+        if s.health_checks and not isinstance(backend, NoGpuBackend):
             monitor = HealthMonitor(
                 node_name=s.node_name,
                 backend=backend,

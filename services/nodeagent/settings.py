@@ -32,6 +32,12 @@ class NodeAgentSettings(msgspec.Struct, kw_only=True, frozen=True):
     socket_name: str = "vgpu.sock"
     resource_name: str = "nvidia.com/gpu"
     split_count: int = 10  # device IDs advertised per physical GPU (max sharers)
+    # 4paradigm's --device-memory-scaling and --device-cores-scaling, stated for every GPU in
+    # the inventory: memory slices may sum to this x the card (> 1 oversubscribes; the hook
+    # then spills what the card cannot hold to host memory), compute shares to 100 x this.
+    # 0 = not stated: the allocator's memory_scaling / cores_scaling apply.
+    memory_scaling: float = 0.0
+    cores_scaling: float = 0.0
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     # Not under /var/run/vgpu: on a host where that exists, a preloaded hook takes itself
     # to be inside a container and ignores the VGPU_* environment.
@@ -81,6 +87,8 @@ class NodeAgentSettings(msgspec.Struct, kw_only=True, frozen=True):
     log_level: str = "info"
 
 
+MAX_SCALING = 100.0  # a typo guard: nobody shares one card's memory or SMs 100 ways over
+
 SIMULATED_NODE = (64_000, 256 * 1024, 110)  # cpu milli, memory MiB, pods
 
 
@@ -97,6 +105,13 @@ def check_settings(settings: NodeAgentSettings) -> None:
         raise ValueError("node_name must be set (the Kubernetes node this agent serves)")
     if settings.split_count < 1:
         raise ValueError(f"split_count must be at least 1, got {settings.split_count}")
+    for field in ("memory_scaling", "cores_scaling"):
+        value = getattr(settings, field)
+        if not (value == 0 or 0 < value <= MAX_SCALING):
+            raise ValueError(
+                f"{field} must be 0 (not stated) or more than 0 and at most {MAX_SCALING:g}, "
+                f"got {value}"
+            )
     name = settings.socket_name
     if not name or "/" in name or name in (".", "..") or name == "kubelet.sock":
         raise ValueError(

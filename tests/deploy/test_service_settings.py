@@ -41,7 +41,12 @@ def _check(command: list[str], env: dict[str, Any], where: str) -> None:
     assert cli is not None, f"{where}: `vgpu {command[0]}` does not exist"
     options = {opt for param in cli.params for opt in getattr(param, "opts", [])}
     for arg in command[1:]:
-        assert arg.split("=", 1)[0] in options, f"{where}: vgpu {command[0]} has no {arg}"
+        if arg.startswith("-"):
+            assert arg.split("=", 1)[0] in options, f"{where}: vgpu {command[0]} has no {arg}"
+    try:  # the values must parse as the command reads them
+        cli.make_context(command[0], list(command[1:]))
+    except click.ClickException as exc:
+        raise AssertionError(f"{where}: vgpu {' '.join(command)}: {exc.format_message()}") from exc
     settings_type, section = SETTINGS[command[0]]
     variables = {k: v for k, v in env.items() if k.startswith(ENV_PREFIX)}
     fields = set(settings_type.__struct_fields__)
@@ -61,7 +66,8 @@ def test_manifest_containers(overlay: str) -> None:
             command = container.get("command", [])
             if command[:1] == ["vgpu"]:
                 where = f"{obj['metadata']['name']}/{container['name']}"
-                _check(command[1:], env_of(container), where)
+                args = [*command[1:], *container.get("args", [])]
+                _check(args, env_of(container), where)
                 checked += 1
     assert checked == 3  # allocator, node agent, metrics
 

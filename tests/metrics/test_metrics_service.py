@@ -54,6 +54,9 @@ async def test_gpu_and_container_families_with_labels(metrics: MetricsService, b
         "vgpu_gpu_slices": 1,
         "vgpu_gpu_healthy": 1.0,
         "vgpu_gpu_stranded_memory_bytes": 0.0,
+        "vgpu_gpu_memory_scaling": 1.0,
+        "vgpu_gpu_memory_oversubscribed": 0.0,
+        "vgpu_gpu_cores_scaling": 1.0,
     }
     container = {name: found[name][CONTAINER_KEY] for name in found
                  if CONTAINER_KEY in found[name]}  # fmt: skip
