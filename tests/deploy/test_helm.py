@@ -148,8 +148,21 @@ HAMI_VALUES: dict[str, Any] = {
                                     "tag": ""}},
     },
     "devicePlugin": {"deviceSplitCount": 4, "deviceListStrategy": "cdi-cri",
-                     "nvidiaNodeSelector": {"gpu": "on"}},
+                     "deviceMemoryScaling": 1.5, "deviceCoreScaling": 2,
+                     "failOnInitError": False, "nvidiaNodeSelector": {"gpu": "on"}},
 }  # fmt: skip
+
+
+def agent_flags(container: dict[str, Any]) -> dict[str, Any]:
+    """The settings the node agent's args set, as `vgpu node-agent` parses them."""
+    import click
+
+    from services.cli.main import main as vgpu
+
+    command = vgpu.get_command(click.Context(vgpu), "node-agent")
+    assert command is not None
+    context = command.make_context("node-agent", list(container.get("args", [])))
+    return {k: v for k, v in context.params.items() if k != "config_file"}
 
 
 def test_hami_values_reach_every_component() -> None:
@@ -183,12 +196,15 @@ def test_hami_values_reach_every_component() -> None:
     assert agent_spec["nodeSelector"] == {"gpu": "on"}
     agent_env = {k: v if isinstance(v, str) else "x" for k, v in
                  env_of(agent_spec["containers"][0]).items()}  # fmt: skip
-    agent = load_settings(NodeAgentSettings, section="nodeagent", environ=agent_env)
+    agent = load_settings(NodeAgentSettings, section="nodeagent", environ=agent_env,
+                          overrides=agent_flags(agent_spec["containers"][0]))  # fmt: skip
     assert (agent.resource_name, agent.split_count, agent.device_list_strategy) == (
         "example.com/vgpu",
         4,
         "cdi-cri",
     )
+    assert (agent.memory_scaling, agent.cores_scaling, agent.fail_on_init_error) == (
+        1.5, 2.0, False)  # fmt: skip
 
     scheduler = yaml.safe_load(
         find_generated(docs, "ConfigMap", "vgpu-scheduler-config-")["data"]["config.yaml"]
