@@ -80,11 +80,18 @@ def _get_json(url: str, what: str) -> Any:
         raise TargetError(f"cannot reach {what} at {url}: {exc}") from exc
 
 
-def _pod_env(pod: dict[str, Any], spec: dict[str, Any], notices: list[str]) -> dict[str, str]:
+def _pod_env(
+    pod: dict[str, Any], spec: dict[str, Any], notices: list[str], resolved: dict[str, str]
+) -> dict[str, str]:
+    """The pod spec's env; `resolved`: what the kubelet simulator resolved at admission (the
+    downward API included), taken first, as the container was started with it."""
     env: dict[str, str] = {}
     for item in spec.get("env") or []:
         name = item.get("name")
         if not name:
+            continue
+        if name in resolved:
+            env[name] = resolved[name]
             continue
         if "value" in item or "valueFrom" not in item:
             env[name] = str(item.get("value", ""))
@@ -152,7 +159,7 @@ def resolve(target: Target, state: UpState) -> ResolvedTarget:
     container = _pick_container(target, pod, admitted, notices)
     specs = [*pod["spec"].get("initContainers", []), *pod["spec"].get("containers", [])]
     spec = next((s for s in specs if s.get("name") == container.name), {})
-    env = {**container.envs, **_pod_env(pod, spec, notices)}
+    env = {**container.envs, **_pod_env(pod, spec, notices, container.container_env)}
     return ResolvedTarget(
         namespace=target.namespace, pod=target.pod, uid=uid, node=node,
         container=container, env=env, notices=notices,

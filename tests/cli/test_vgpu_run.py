@@ -41,6 +41,8 @@ spec:
     - {{name: FROM_POD_SPEC, value: "hello"}}
     - name: MY_POD
       valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}
+    - name: MY_SLICE
+      valueFrom: {{fieldRef: {{fieldPath: "metadata.annotations['vgpu.io/allocation']"}}}}
     resources:
       limits: {{nvidia.com/gpu: 1, nvidia.com/gpumem: {SLICE_MIB}, nvidia.com/gpucores: 50}}
   - name: sidecar
@@ -152,6 +154,8 @@ def test_the_command_runs_in_a_container_of_its_own(up: Up) -> None:
         assert env[key] == value
     assert env["FROM_POD_SPEC"] == "hello"  # ...and the pod spec's
     assert env["MY_POD"] == "small-slice"
+    # Resolved by the kubelet at admission from the annotation written at bind.
+    assert env["MY_SLICE"].startswith('{"cuda":[{"uuid":"GPU-')
 
 
 def test_the_command_runs_in_its_pods_cgroup(up: Up) -> None:
