@@ -13,7 +13,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import msgspec
 
@@ -36,6 +36,9 @@ from .journal import Journal, JournalError, LostRace
 from .ledger import Ledger
 from .placement import NoFit, overbooked, pod_charges, slices_on
 from .pod_request import PodRequest
+
+if TYPE_CHECKING:
+    from .bind_guard import BindGuard
 
 log = logging.getLogger("vgpu.allocator")
 
@@ -62,7 +65,12 @@ class EventSink(Protocol):
 
 
 class BindError(Exception):
-    """A bind was refused; the message is the reason the scheduler shows."""
+    """A bind was refused; the message is the reason the scheduler shows, ``reason`` the
+    metric label."""
+
+    def __init__(self, message: str, reason: str = "placement") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class ClaimError(Exception):
@@ -103,8 +111,10 @@ class PlacementEngine:
         backend: ClusterBackend,
         events: EventSink | None = None,
         journal: Journal | None = None,
+        guard: BindGuard | None = None,
     ) -> None:
         self.core = core
+        self.guard = guard  # None: binds are not checked against filter passes (embedding)
         self.cluster: ClusterState = core.cluster
         self.ledger: Ledger = core.ledger
         self.backend = backend
@@ -165,6 +175,8 @@ class PlacementEngine:
             outcome.failed.pop(placed.node, None)
             outcome.unresolvable.pop(placed.node, None)
             outcome.passed.append(placed.node)
+        if self.guard is not None:
+            self.guard.filtered(pod, outcome.passed)
         return outcome
 
     def prioritize(self, pod: dict[str, Any], node_names: list[str]) -> dict[str, int]:
@@ -197,6 +209,15 @@ class PlacementEngine:
             raise BindError(f"pod {ref} now has uid {known_uid}, not {ref.uid}: it was re-created")
         return pod
 
+    async def _read_pod(self, ref: PodRef) -> dict[str, Any] | None:
+        """The pod as the cluster has it now (a bind decides on nothing a caller sent)."""
+        try:
+            return await self.backend.get_pod(ref.namespace, ref.name)
+        except Exception as exc:
+            raise BindError(
+                f"cannot read pod {ref} from the cluster: {exc}", reason="cluster_unreachable"
+            ) from exc
+
     async def _cluster_node_of(self, ref: PodRef) -> str | None:
         try:
             pod = await self.backend.get_pod(ref.namespace, ref.name)
@@ -212,7 +233,13 @@ class PlacementEngine:
         """Place the pod on `node`, record it durably, tell the cluster; None for no GPU."""
         ref = PodRef(namespace, name, uid)
         if not uid:
-            raise BindError(f"pod {ref}: a bind needs the pod's uid")
+            raise BindError(f"pod {ref}: a bind needs the pod's uid", reason="no_uid")
+        cluster_pod: dict[str, Any] | None = None
+        if self.guard is not None:
+            await self.guard.check_filtered(ref, node)
+            cluster_pod = await self._read_pod(ref)
+            placed = self.ledger.get(uid)
+            self.guard.check_pod(ref, cluster_pod, node, placed.node if placed else None)
         existing = self.ledger.get(uid)
         if existing is not None:
             bound_to = await self._cluster_node_of(ref)
@@ -224,7 +251,7 @@ class PlacementEngine:
                 raise BindError(f"pod {ref} is already bound to node {existing.node!r}")
             # Recorded by a replica that died before binding: the record is stale.
             await self.release(uid)
-        pod = await self._pod_for_bind(ref)
+        pod = cluster_pod if cluster_pod is not None else await self._pod_for_bind(ref)
         try:
             request = self.core.parse(pod)
         except RequestError as exc:

@@ -33,6 +33,18 @@ EXTENDER_CALLS = Counter(
     "Scheduler extender calls by verb and outcome",
     ["verb", "outcome"],
 )
+# Calls refused before any verb ran: TLS handshakes without a valid client certificate
+# (no_client_cert, unknown_ca, expired, not_tls, ...) and verified clients not allowed.
+EXTENDER_REFUSED = Counter(
+    "vgpu_allocator_extender_refused_total",
+    "Scheduler extender connections or calls refused for want of a valid client certificate",
+    ["reason"],
+)
+# Binds refused, by reason: not_filtered, filter_expired, unknown_pod, uid_mismatch,
+# other_scheduler, not_pending, already_bound, placement (no room), ...
+BIND_REFUSED = Counter(
+    "vgpu_allocator_bind_refused_total", "Scheduler extender binds refused by reason", ["reason"]
+)
 EXTENDER_LATENCY = Histogram(
     "vgpu_allocator_extender_request_seconds",
     "Time to answer a scheduler extender call",
@@ -122,7 +134,14 @@ def build_app(
     health: HealthCheck,
     ready: HealthCheck | None = None,
     on_filtered: Filtered | None = None,
+    *,
+    verbs: bool = True,
+    endpoints: bool = True,
+    middlewares: tuple[Any, ...] = (),
 ) -> web.Application:
+    """The scheduler verbs (``verbs``) and health, metrics and allocations (``endpoints``):
+    one application, or two when the verbs are served apart over mutual TLS."""
+
     async def filter_verb(body: bytes) -> VerbResult:
         args = wire.parse_extender_args(body)
         outcome = engine.filter(args.pod, args.node_names)
@@ -154,9 +173,16 @@ def build_app(
                 traceparent=current_traceparent(),
             )
         except BindError as exc:
+            BIND_REFUSED.labels(reason=exc.reason).inc()
             log.info(
                 "bind refused",
-                extra={"pod": f"{args.pod_namespace}/{args.pod_name}", "reason": str(exc)},
+                extra={
+                    "pod": f"{args.pod_namespace}/{args.pod_name}",
+                    "uid": args.pod_uid,
+                    "node": args.node,
+                    "reason": exc.reason,
+                    "error": str(exc),
+                },
             )
             return wire.binding_result(str(exc)), "refused"
         return wire.binding_result(), "bound"
@@ -177,16 +203,20 @@ def build_app(
     async def allocations(_: web.Request) -> web.Response:
         return _json(engine.allocations())
 
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
-    app.router.add_post("/scheduler/filter", _serve_verb("filter", filter_verb, _filter_fallback))
-    app.router.add_post(
-        "/scheduler/prioritize", _serve_verb("prioritize", prioritize_verb, _prioritize_fallback)
-    )
-    app.router.add_post("/scheduler/bind", _serve_verb("bind", bind_verb, _bind_fallback))
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/allocations", allocations)
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=list(middlewares))
+    if verbs:
+        post = app.router.add_post
+        post("/scheduler/filter", _serve_verb("filter", filter_verb, _filter_fallback))
+        post(
+            "/scheduler/prioritize",
+            _serve_verb("prioritize", prioritize_verb, _prioritize_fallback),
+        )
+        post("/scheduler/bind", _serve_verb("bind", bind_verb, _bind_fallback))
+    if endpoints:
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/readyz", readyz)
+        app.router.add_get("/metrics", metrics)
+        app.router.add_get("/allocations", allocations)
     return app
 
 

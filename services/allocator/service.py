@@ -21,15 +21,18 @@ from prometheus_client import Gauge
 from services.common import subjects
 from services.common.bus import Bus
 from services.common.http_server import serve
+from services.common.mutual_tls import identity_middleware, serve_mutual_tls
 from services.common.schemas import NodeInventory, PendingPod, PendingReason
 
 from .backend import ClusterBackend, LocalClusterBackend
+from .bind_guard import BindGuard, FilterPasses
 from .claims import ClaimHandlers
 from .cluster import CapacityConfig, ClusterState
 from .cluster_watch import BoundPodHandler, NodeHandler
 from .core import FilterOutcome, PlacementCore, pod_ref
 from .engine import PlacementEngine
 from .extender import build_app
+from .extender_edge import FilterPassPeers, mutual_tls
 from .fragmentation import WorkloadMix
 from .journal import Journal
 from .lease import Lease
@@ -75,10 +78,16 @@ class Allocator:
             mix=WorkloadMix(window=settings.mix_window),
         )
         self.journal = Journal(self.ledger)
-        self.engine = PlacementEngine(self.core, self.backend, journal=self.journal)
+        self.passes = FilterPasses()
+        self.guard = BindGuard(settings.scheduler_name, settings.bind_window_s, self.passes)
+        self.engine = PlacementEngine(
+            self.core, self.backend, journal=self.journal, guard=self.guard
+        )
         self.lease: Lease | None = None
         self._bus: Bus | None = None
         self._runner: web.AppRunner | None = None
+        self._extender_runner: web.AppRunner | None = None
+        self._extender_port: int | None = None
         self._webhook: Any = None
         self._port: int | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -99,6 +108,13 @@ class Allocator:
         if self._port is None:
             raise RuntimeError("the allocator is not started")
         return f"http://{self.settings.http_host}:{self._port}"
+
+    @property
+    def extender_url(self) -> str:
+        """kube-scheduler's urlPrefix: https with client certificates when extender_port is set."""
+        if self._extender_port is None:
+            return f"{self.url}/scheduler"
+        return f"https://{self.settings.extender_host}:{self._extender_port}/scheduler"
 
     @property
     def webhook_url(self) -> str:
@@ -140,12 +156,11 @@ class Allocator:
         gc.freeze()  # what start-up loaded lives on: keep it out of every later collection
         await self._bus.subscribe(subjects.INVENTORY_ALL, NodeInventory, self._on_inventory)
         await ClaimHandlers(self.engine).serve(self._bus)
+        peers = FilterPassPeers(self._bus, self.passes)
+        await peers.serve()
+        self.guard.ask_peers = peers.ask
         await self._bus.client.flush()  # the server has our subscriptions before we answer
-        self._runner, self._port = await serve(
-            build_app(self.engine, self._health, self._ready, self._on_filtered),
-            settings.http_host,
-            settings.http_port,
-        )
+        await self._serve_http()
         if settings.webhook_port >= 0:
             from .webhook import WebhookServer
 
@@ -158,6 +173,40 @@ class Allocator:
             await self.lease.start(js, settings.lease_bucket)
         else:
             self._on_role(True)
+
+    async def _serve_http(self) -> None:
+        """Health, metrics and allocations on http_port; the scheduler verbs on extender_port
+        over mutual TLS, or (no extender_port) on http_port without authentication."""
+        settings = self.settings
+        apart = settings.extender_port >= 0
+        self._runner, self._port = await serve(
+            build_app(self.engine, self._health, self._ready, self._on_filtered, verbs=not apart),
+            settings.http_host,
+            settings.http_port,
+        )
+        if not apart:
+            log.warning(
+                "the scheduler extender is served without authentication: set extender_port "
+                "and its certificates so that only kube-scheduler can place and bind pods",
+                extra={"url": self.extender_url},
+            )
+            return
+        tls = mutual_tls(settings)
+        app = build_app(
+            self.engine,
+            self._health,
+            self._ready,
+            self._on_filtered,
+            endpoints=False,
+            middlewares=(identity_middleware(tls),),
+        )
+        self._extender_runner, self._extender_port = await serve_mutual_tls(
+            app, settings.extender_host, settings.extender_port, tls
+        )
+        log.info(
+            "scheduler extender serving over mutual TLS",
+            extra={"url": self.extender_url, "clients": settings.extender_client_allowed},
+        )
 
     async def _start_cluster_watch(self) -> None:
         """Node allocatable and every bound pod's requests (every replica), as kube-scheduler
@@ -222,10 +271,11 @@ class Allocator:
         webhook, self._webhook = self._webhook, None
         if webhook is not None:
             await webhook.stop()
-        runner, self._runner = self._runner, None
-        self._port = None
-        if runner is not None:
-            await runner.cleanup()
+        for runner in (self._extender_runner, self._runner):
+            if runner is not None:
+                await runner.cleanup()
+        self._runner = self._extender_runner = None
+        self._port = self._extender_port = None
         await self.journal.close()
         bus, self._bus = self._bus, None
         if bus is not None:

@@ -89,6 +89,21 @@ class AllocatorSettings(msgspec.Struct, kw_only=True, frozen=True):
     tls_cert_file: str = ""
     tls_key_file: str = ""
     scheduler_name: str = "vgpu-scheduler"
+
+    # The scheduler extender over HTTPS with client certificates (docs/security.md): its own
+    # port, apart from http_port (health, metrics, allocations). -1 = no such port: the verbs
+    # are served on http_port without authentication (tests and development only; logged).
+    extender_port: Annotated[int, msgspec.Meta(ge=-1, le=65535)] = -1
+    extender_host: str = "127.0.0.1"
+    extender_cert_file: str = ""  # the extender's serving certificate and key
+    extender_key_file: str = ""
+    extender_client_ca_file: str = ""  # CA(s) whose client certificates are accepted
+    # Identities accepted among those: "CN=name", "O=group", "DNS:name", "URI:uri" or a bare
+    # name (CN or DNS SAN); empty = any certificate the client CA signed.
+    extender_client_allowed: list[str] = []
+    tls_reload_s: Seconds = 5.0  # how often the TLS files are checked for a rotation
+    # A bind is accepted only for a node the filter passed for the pod this recently.
+    bind_window_s: Seconds = 300.0
     # The webhook also gives pods that ask for no GPU `scheduler_name`, so the GPU-aware
     # host score places them too (docs/allocator.md, "Pods without GPUs").
     schedule_cpu_pods: bool = True

@@ -227,3 +227,14 @@ class PendingPod(msgspec.Struct, kw_only=True):
     waiting: bool = True  # False: it no longer waits (bound, deleted): forget it
     since: float = msgspec.field(default_factory=time.time)  # first refused at
     sent_at: float = msgspec.field(default_factory=time.time)
+
+
+class FilterPassQuery(msgspec.Struct, frozen=True, kw_only=True):
+    """An allocator replica asks its peers whether their filter passed a pod for a node."""
+
+    uid: str
+    node: str
+
+
+class FilterPassAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    age_s: float  # seconds since that filter pass, on the answering replica's clock

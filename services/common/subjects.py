@@ -28,6 +28,9 @@ CLUSTER_SCOPE = "cluster"
 # Request/reply served by the allocator.
 ALLOC_CLAIM = f"{PREFIX}.alloc.claim"
 ALLOC_PREFERRED = f"{PREFIX}.alloc.preferred"
+# Allocator replica -> its peers: "did your filter pass this pod for this node?" (bind on a
+# replica other than the one that filtered); answered only by a replica that did.
+ALLOC_FILTER_PASS = f"{PREFIX}.alloc.filter-pass"
 
 # Queue group that the allocator's replicas share for request/reply subjects.
 ALLOCATOR_QUEUE = "vgpu-allocator"

@@ -174,6 +174,7 @@ async def _run(
         body: dict[str, Any] = manifest(pod, f"u{number}")
         body["metadata"]["name"] = f"{pod.name}-{number}"  # draws repeat file pods
         del body["metadata"]["uid"]  # the API server assigns it
+        body["spec"]["schedulerName"] = "vgpu-scheduler"  # as vgpu's admission webhook sets it
         created = await api.create_pod(body)
         cycle = await scheduler.schedule(created)
         if pod.num_gpu and cycle.extender_ms:  # the extender saw it

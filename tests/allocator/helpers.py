@@ -57,8 +57,10 @@ def pod(
     init: list[dict[str, Any]] | None = None,
     namespace: str = "default",
     uid: str | None = None,
+    scheduler: str = "vgpu-scheduler",
 ) -> dict[str, Any]:
-    spec: dict[str, Any] = {"containers": containers}
+    # As the admission webhook leaves it: binds check the scheduler's name.
+    spec: dict[str, Any] = {"containers": containers, "schedulerName": scheduler}
     if init:
         spec["initContainers"] = init
     return {
@@ -107,6 +109,17 @@ def bind_args(p: dict[str, Any], node: str) -> dict[str, Any]:
         "PodUID": metadata["uid"],
         "Node": node,
     }
+
+
+async def filter_then_bind(
+    http: aiohttp.ClientSession, url: str, p: dict[str, Any], node: str, bind_url: str = ""
+) -> dict[str, Any]:
+    """kube-scheduler's order: the filter passes `node` (a bind needs it), then the bind, on
+    `bind_url` when given (another replica). The bind's answer."""
+    _, result = await post(http, f"{url}/scheduler/filter", filter_args(p, [node]))
+    assert node in (result.get("NodeNames") or []), result
+    _, answer = await post(http, f"{bind_url or url}/scheduler/bind", bind_args(p, node))
+    return answer
 
 
 def admit_to_cluster(allocator: Allocator, *pods: dict[str, Any]) -> None:

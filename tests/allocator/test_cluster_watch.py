@@ -16,7 +16,15 @@ from services.common.bus import Bus
 from services.common.embedded_nats import EmbeddedNats
 from services.simulators.apiserver import FakeApiServer
 
-from .helpers import bind_args, container, eventually, filter_args, give_nodes, node_inventory, post
+from .helpers import (
+    container,
+    eventually,
+    filter_args,
+    filter_then_bind,
+    give_nodes,
+    node_inventory,
+    post,
+)
 from .helpers import pod as gpu_pod
 
 
@@ -108,8 +116,7 @@ async def test_bound_pods_count_until_they_end_gpu_or_not(
     train["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "1", "memory": "1Gi"}
     created = await api.create_pod(train)
     async with aiohttp.ClientSession() as http:
-        _, answer = await post(http, f"{allocator.url}/scheduler/bind", bind_args(created, "n1"))
-    assert answer == {"Error": ""}
+        assert await filter_then_bind(http, allocator.url, created, "n1") == {"Error": ""}
     assert host(allocator, "n1")[3:] == (3500, 5632, 3)
     await asyncio.sleep(0.3)  # the watch reports the binding: still counted once
     assert host(allocator, "n1")[3:] == (3500, 5632, 3)

@@ -30,6 +30,7 @@ from .helpers import (
     container,
     eventually,
     filter_args,
+    filter_then_bind,
     give_nodes,
     node_inventory,
     pod,
@@ -47,9 +48,7 @@ async def test_restart_rebuilds_from_the_store(make_allocator: MakeAllocator, bu
     admit_to_cluster(first, *pods)
     async with aiohttp.ClientSession() as http:
         for p in pods:
-            assert (await post(http, f"{first.url}/scheduler/bind", bind_args(p, "n1")))[1] == {
-                "Error": ""
-            }
+            assert await filter_then_bind(http, first.url, p, "n1") == {"Error": ""}
     await first.stop()
 
     second = await make_allocator(backend=backend)
@@ -59,8 +58,8 @@ async def test_restart_rebuilds_from_the_store(make_allocator: MakeAllocator, bu
     late = pod("late", [container("m", mem=20000)])
     admit_to_cluster(second, late)
     async with aiohttp.ClientSession() as http:
-        _, answer = await post(http, f"{second.url}/scheduler/bind", bind_args(late, "n1"))
-    assert "no longer fits" in answer["Error"]  # 30000 of 40960 MiB were promised before
+        _, result = await post(http, f"{second.url}/scheduler/filter", filter_args(late, ["n1"]))
+    assert result["NodeNames"] == [] and "n1" in result["FailedNodes"]  # 30000 MiB promised
 
 
 async def test_two_replicas_never_promise_the_same_memory(
@@ -74,6 +73,11 @@ async def test_two_replicas_never_promise_the_same_memory(
     pods = [pod(f"p{i}", [container("m", mem=15000)]) for i in range(6)]
     admit_to_cluster(one, *pods)
     async with aiohttp.ClientSession() as http:
+        for i, p in enumerate(pods):  # filtered on one replica, bound on either
+            _, passed = await post(
+                http, f"{(one, two)[i % 3 % 2].url}/scheduler/filter", filter_args(p, ["n1"])
+            )
+            assert passed["NodeNames"] == ["n1"]
         answers = await asyncio.gather(
             *(
                 post(http, f"{(one, two)[i % 2].url}/scheduler/bind", bind_args(p, "n1"))
@@ -81,6 +85,8 @@ async def test_two_replicas_never_promise_the_same_memory(
             )
         )
     bound = [p for p, (_, a) in zip(pods, answers, strict=True) if a["Error"] == ""]
+    # Every refusal is for room, none for a filter that ran on the other replica.
+    assert all("not passed" not in a["Error"] for _, a in answers), answers
     assert len(bound) == 2  # 2 x 15000 of 40960 MiB
     await eventually(lambda: len(one.ledger) == len(two.ledger) == 2)
     assert one.ledger.reserved("n1") == two.ledger.reserved("n1")

@@ -125,7 +125,10 @@ async def test_concurrent_binds_never_overfill_a_gpu(
     allocator = await make_allocator(backend=SlowCluster())
     await give_nodes(bus, allocator, node_inventory("n1", count=1))
     pods = [pod(f"p{i}", [container("main", mem=25000)]) for i in range(2)]
-    admit_to_cluster(allocator, *pods)  # not filtered: both binds wait on the cluster first
+    admit_to_cluster(allocator, *pods)
+    for p in pods:  # both pass: filter does not reserve; both binds wait on the cluster
+        _, result = await post(http, f"{allocator.url}/scheduler/filter", filter_args(p, ["n1"]))
+        assert result["NodeNames"] == ["n1"]
     answers = await asyncio.gather(
         *(post(http, f"{allocator.url}/scheduler/bind", bind_args(p, "n1")) for p in pods)
     )
@@ -138,15 +141,20 @@ async def test_concurrent_binds_never_overfill_a_gpu(
 async def test_bind_unknown_pod_or_node_is_refused(allocator: Allocator, bus: Bus, http) -> None:
     await give_nodes(bus, allocator, node_inventory("n1"))
     stranger = pod("stranger", [container("main")])
+    _, result = await post(http, f"{allocator.url}/scheduler/filter", filter_args(stranger, ["n1"]))
+    assert result["NodeNames"] == ["n1"]
     _, answer = await post(http, f"{allocator.url}/scheduler/bind", bind_args(stranger, "n1"))
-    assert "default/stranger" in answer["Error"] and "unknown" in answer["Error"]
+    assert "default/stranger does not exist in the cluster" in answer["Error"]
 
     p = pod("p", [container("main")])
-    admit_to_cluster(allocator, p)  # known to the cluster, never filtered: bind still works
+    admit_to_cluster(allocator, p)
+    _, result = await post(http, f"{allocator.url}/scheduler/filter", filter_args(p, ["ghost"]))
+    assert result["NodeNames"] == [] and "no GPU inventory" in result["FailedNodes"]["ghost"]
     _, answer = await post(http, f"{allocator.url}/scheduler/bind", bind_args(p, "ghost"))
-    assert "'ghost'" in answer["Error"] and "no GPU inventory" in answer["Error"]
-    _, answer = await post(http, f"{allocator.url}/scheduler/bind", bind_args(p, "n1"))
-    assert answer == {"Error": ""}
+    assert (
+        "'ghost'" in answer["Error"] and "not passed by this extender's filter" in answer["Error"]
+    )
+    assert await _filter_then_bind(http, allocator, p, "n1") == {"Error": ""}
 
 
 async def test_bind_retry_is_idempotent_and_other_node_refused(
@@ -160,7 +168,15 @@ async def test_bind_retry_is_idempotent_and_other_node_refused(
     assert again == {"Error": ""}
     assert allocator.ledger.reserved("n1")["GPU-n1-0"].memory_mib == 1000
     _, elsewhere = await post(http, f"{allocator.url}/scheduler/bind", bind_args(p, "n2"))
+    assert "not passed by this extender's filter for node 'n2'" in elsewhere["Error"]
+    _, result = await post(http, f"{allocator.url}/scheduler/filter", filter_args(p, ["n2"]))
+    assert result["NodeNames"] == ["n2"]  # room there, but the pod is bound already
+    _, elsewhere = await post(http, f"{allocator.url}/scheduler/bind", bind_args(p, "n2"))
     assert "already bound to node 'n1'" in elsewhere["Error"]
+
+
+async def refuse(namespace: str, name: str, uid: str, node: str) -> None:
+    raise RuntimeError("the API server is away")
 
 
 async def test_cluster_refusal_rolls_the_reservation_back(
@@ -170,9 +186,11 @@ async def test_cluster_refusal_rolls_the_reservation_back(
     p = pod("p", [container("main", mem=1000)])
     _, result = await post(http, f"{allocator.url}/scheduler/filter", filter_args(p, ["n1"]))
     assert result["NodeNames"] == ["n1"]
-    # The pod was filtered but the cluster does not have it: the cluster refuses.
+    # The pod was filtered and is in the cluster, which then refuses the binding.
+    allocator.backend.add_pod(p)
+    allocator.backend.bind = refuse  # type: ignore[method-assign]
     _, answer = await post(http, f"{allocator.url}/scheduler/bind", bind_args(p, "n1"))
-    assert "default/p not found" in answer["Error"]
+    assert "the API server is away" in answer["Error"]
     assert allocator.engine.allocations() == []
     assert allocator.ledger.reserved("n1") == {}
 
@@ -180,8 +198,7 @@ async def test_cluster_refusal_rolls_the_reservation_back(
 async def test_pod_without_gpu_is_bound_without_a_record(allocator: Allocator, http) -> None:
     cpu_only = pod("web", [{"name": "nginx"}])
     admit_to_cluster(allocator, cpu_only)
-    _, answer = await post(http, f"{allocator.url}/scheduler/bind", bind_args(cpu_only, "any"))
-    assert answer == {"Error": ""}
+    assert await _filter_then_bind(http, allocator, cpu_only, "any") == {"Error": ""}
     backend = allocator.backend
     assert isinstance(backend, LocalClusterBackend)
     assert backend.node_of("default", "web") == "any"

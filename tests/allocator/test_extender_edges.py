@@ -21,6 +21,7 @@ from .helpers import (
     container,
     eventually,
     filter_args,
+    filter_then_bind,
     give_nodes,
     node_inventory,
     pod,
@@ -96,9 +97,7 @@ async def test_a_silent_node_takes_nothing_new_and_keeps_its_pods(
     p = pod("p", [container("m", mem=1000)])
     admit_to_cluster(allocator, p)
     async with aiohttp.ClientSession() as http:
-        assert (await post(http, f"{allocator.url}/scheduler/bind", bind_args(p, "n1")))[1] == {
-            "Error": ""
-        }
+        assert await filter_then_bind(http, allocator.url, p, "n1") == {"Error": ""}
         await asyncio.sleep(2.5)
         _, result = await post(
             http,

@@ -19,6 +19,7 @@ from .helpers import (
     container,
     eventually,
     filter_args,
+    filter_then_bind,
     give_nodes,
     node_inventory,
     pod,
@@ -82,7 +83,7 @@ async def test_bind_annotates_binds_and_the_watch_releases(
 
     other = await api.create_pod(pod("other", [container("m", mem=100)], namespace="ml"))
     async with aiohttp.ClientSession() as http:
-        await post(http, f"{allocator.url}/scheduler/bind", bind_args(other, "n1"))
+        assert await filter_then_bind(http, allocator.url, other, "n1") == {"Error": ""}
     assert len(allocator.ledger) == 1
     await api.delete_pod("ml", "other")
     await eventually(lambda: len(allocator.ledger) == 0)
@@ -115,8 +116,7 @@ async def test_rebuild_from_pod_annotations_when_the_store_is_empty(
     gone = await api.create_pod(pod("gone", [container("m", mem=5000)]))
     async with aiohttp.ClientSession() as http:
         for each in (p, gone):
-            _, answer = await post(http, f"{first.url}/scheduler/bind", bind_args(each, "n1"))
-            assert answer == {"Error": ""}
+            assert await filter_then_bind(http, first.url, each, "n1") == {"Error": ""}
     await first.stop()
     kube_allocators.remove(first)
     await api.delete_pod("default", "gone")  # deleted while no allocator ran

@@ -256,6 +256,16 @@ async def test_every_flow_of_vgpu_works_across_the_cluster(cluster: Cluster) -> 
         for subject in (subjects.ALLOC_CLAIM, subjects.ALLOC_PREFERRED):
             reply = await agent.request(subject, Ping(text="which"), Pong, timeout=5)
             assert reply.text == "re: which"
+
+        # Allocator replicas: one asks, another whose filter passed the pod answers.
+        async def passed(msg: Any) -> None:
+            await allocator.client.publish(msg.reply, b'{"age_s": 1.0}')
+
+        await allocator.client.subscribe(subjects.ALLOC_FILTER_PASS, cb=passed)
+        async with _connected(cluster.url("vgpu-allocator", 2), "peer") as peer:
+            await asyncio.sleep(0.2)
+            reply = await peer.client.request(subjects.ALLOC_FILTER_PASS, b"{}", timeout=5)
+            assert reply.data == b'{"age_s": 1.0}'
         # Allocator: allocation events and pending pods out.
         await allocator.publish(subjects.alloc_events("gpu-1.example"), Ping(text="bound"))
         await allocator.publish(subjects.alloc_pending(), Ping(text="pending"))
@@ -284,6 +294,8 @@ async def test_services_cannot_speak_for_each_other(cluster: Cluster) -> None:
         await agent.client.subscribe(subjects.ALLOC_CLAIM, queue=subjects.ALLOCATOR_QUEUE)
         await metrics.publish(subjects.inventory("n1"), Ping(text="forged"))
         await metrics.client.subscribe(subjects.ALLOC_PREFERRED)
+        # Nor can a node agent claim that a filter passed its pod (only allocators answer).
+        await agent.client.subscribe(subjects.ALLOC_FILTER_PASS)
         # The allocator cannot pose as a node.
         await allocator.publish(subjects.usage("n1"), Ping(text="forged"))
         for bus in (agent, metrics, allocator):
@@ -294,6 +306,8 @@ async def test_services_cannot_speak_for_each_other(cluster: Cluster) -> None:
             '"VGPU/user:vgpu-node-agent" - Subscription Violation - Subject "vgpu.v1.alloc.claim"',
             '"VGPU/user:vgpu-metrics" - Publish Violation - Subject "vgpu.v1.inventory.n1"',
             '"VGPU/user:vgpu-metrics" - Subscription Violation - Subject "vgpu.v1.alloc.preferred"',
+            '"VGPU/user:vgpu-node-agent" - Subscription Violation - Subject '
+            '"vgpu.v1.alloc.filter-pass"',
             '"VGPU/user:vgpu-allocator" - Publish Violation - Subject "vgpu.v1.usage.n1"',
         ]
         await _until(lambda: all(e in cluster.log_since(mark) for e in expected), "refusals")

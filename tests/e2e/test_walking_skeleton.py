@@ -143,7 +143,10 @@ def _pod(name: str, cpu: str, **gpu: Any) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": "default", "uid": str(uuid.uuid4())},
-        "spec": {"containers": [{"name": "main", "image": "x", "resources": {"limits": limits}}]},
+        "spec": {
+            "containers": [{"name": "main", "image": "x", "resources": {"limits": limits}}],
+            "schedulerName": "vgpu-scheduler",
+        },
     }
 
 

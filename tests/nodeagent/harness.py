@@ -137,7 +137,11 @@ def gpu_pod(
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace, "uid": uid or f"uid-{name}"},
-        "spec": {"containers": [container(n, c) for n, c in containers.items()]},
+        # As vgpu's admission webhook leaves it: the extender binds only its scheduler's pods.
+        "spec": {
+            "containers": [container(n, c) for n, c in containers.items()],
+            "schedulerName": "vgpu-scheduler",
+        },
     }
     if init_containers:
         pod["spec"]["initContainers"] = [container(n, c) for n, c in init_containers.items()]

@@ -47,6 +47,7 @@ def init_pod() -> dict[str, Any]:
         "spec": {
             "initContainers": [container("setup", 1, 3000, 20)],
             "containers": [container("app", 2, 5000, 40)],
+            "schedulerName": "vgpu-scheduler",
         },
     }
 

@@ -36,7 +36,7 @@ def container(name: str, gpus: int, memory: int, cores: int, **extra: Any) -> di
 def pod(
     name: str, containers: list[dict[str, Any]], init: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
-    spec: dict[str, Any] = {"containers": containers}
+    spec: dict[str, Any] = {"containers": containers, "schedulerName": "vgpu-scheduler"}
     if init:
         spec["initContainers"] = init
     return {

@@ -79,7 +79,8 @@ def pod(name: str) -> dict[str, Any]:
         "kind": "Pod",
         "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"},
         "spec": {
-            "containers": [{"name": "main", "image": "cuda:12", "resources": {"limits": limits}}]
+            "containers": [{"name": "main", "image": "cuda:12", "resources": {"limits": limits}}],
+            "schedulerName": "vgpu-scheduler",
         },
     }
 

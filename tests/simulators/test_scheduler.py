@@ -83,7 +83,9 @@ async def test_bind_error_is_reported(
     p = pod("p", [container("main")])  # never added to the cluster: the bind fails
     result = await scheduler.schedule(p, ["n1"])
     assert result.node is None
-    assert result.error.startswith("bind to n1: ") and "not found" in result.error
+    assert (
+        result.error.startswith("bind to n1: ") and "does not exist in the cluster" in result.error
+    )
 
 
 async def test_one_trace_from_scheduler_to_allocation_record(
