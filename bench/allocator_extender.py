@@ -84,7 +84,8 @@ def make_pod(rng: random.Random, milli: int = 0) -> dict[str, Any]:
         "kind": "Pod",
         "metadata": {"name": name, "namespace": "bench", "uid": str(uuid.uuid4())},
         "spec": {
-            "containers": [{"name": "main", "image": "cuda", "resources": {"limits": limits}}]
+            "containers": [{"name": "main", "image": "cuda", "resources": {"limits": limits}}],
+            "schedulerName": "vgpu-scheduler",
         },
     }
 
@@ -115,11 +116,16 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class AcceptingCluster(LocalClusterBackend):
-    """The cluster seam of the served allocator: every pod exists (the API server's own
-    latency is not the allocator's to measure)."""
+    """The cluster seam of the served allocator: every pod kube-scheduler filters exists, and
+    every change is accepted (the API server's own latency is not the allocator's to measure).
+    A bind reads the pod back, as it does from the API server (bind_guard.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
 
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return None
+        return self.pods.get((namespace, name))
 
     async def annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         return None
@@ -131,10 +137,19 @@ class AcceptingCluster(LocalClusterBackend):
 async def serve(nats_url: str, size: int) -> None:
     """Child process: the allocator under test, filled half, until stdin closes."""
     logging.disable(logging.WARNING)
+    cluster = AcceptingCluster()
     allocator = Allocator(
         AllocatorSettings(nats_url=nats_url, http_port=0, node_timeout_s=3600, lease_bucket=""),
-        AcceptingCluster(),
+        cluster,
     )
+    filter_pod = allocator.engine.filter
+
+    def created_then_filtered(pod: dict[str, Any], node_names: list[str]) -> Any:
+        metadata = pod["metadata"]
+        cluster.pods[(metadata["namespace"], metadata["name"])] = pod  # as the API server has it
+        return filter_pod(pod, node_names)
+
+    allocator.engine.filter = created_then_filtered  # type: ignore[method-assign]
     await allocator.start()
     print("started", flush=True)
     while len(allocator.cluster.nodes()) < size:  # noqa: ASYNC110 - once, at set-up
