@@ -30,6 +30,7 @@ from services.simulators.scheduler import SchedulerSimulator
 _tracer = tracer("vgpu.submit")
 CONTAINER_DIR = "/var/run/vgpu"
 EXTENDER_WEIGHT = 60  # the prioritize entry's weight in deploy/k8s/base/scheduler/config.yaml
+SCHEDULER_NAME = "vgpu-scheduler"  # the profile of deploy/k8s/base/scheduler/config.yaml
 
 
 class ManifestError(ValueError):
@@ -206,13 +207,16 @@ async def submit(
         except CreateRefused as exc:
             outcome.reason = str(exc)
             return outcome
-        # As deploy/k8s configures kube-scheduler: GPU pods filtered and bound by the
-        # extender, every pod scored by it, the others bound through the API server.
+        # As deploy/k8s configures kube-scheduler: GPU pods of the vgpu-scheduler profile
+        # filtered and bound by the extender, every pod scored by it, the others bound
+        # through the API server (a pod left with another scheduler by a bypassed webhook
+        # is placed as the default scheduler would: without the extender's bind).
         scheduler = SchedulerSimulator(
             state.extender_url,
             weight=EXTENDER_WEIGHT,
             managed_resources=frozenset(MANAGED_RESOURCES),
             api_url=state.api_url,
+            scheduler_name=SCHEDULER_NAME,
         )
         try:
             result = await scheduler.schedule(pod, sorted(state.kubelets))

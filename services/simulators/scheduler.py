@@ -21,6 +21,7 @@ the API server at ``api_url``.
 from __future__ import annotations
 
 import random
+import ssl
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,6 +99,8 @@ class SchedulerSimulator:
         weight: int = 1,
         managed_resources: frozenset[str] = frozenset(),
         api_url: str = "",
+        scheduler_name: str = "",
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         if weight < 1:
             raise ValueError(f"extender weight must be at least 1, got {weight}")
@@ -108,6 +111,12 @@ class SchedulerSimulator:
         self.weight = weight
         self.managed = managed_resources
         self.api_url = api_url.rstrip("/")
+        # The profile this scheduler is: a pod naming another scheduler ("" = any) is left to
+        # the default scheduler, which binds it through the API server without the extender.
+        self.scheduler_name = scheduler_name
+        if scheduler_name and not api_url:
+            raise ValueError("pods of other schedulers need api_url to be bound")
+        self._ssl = ssl_context  # client certificate for an HTTPS extender
         self._session: aiohttp.ClientSession | None = None
 
     async def close(self) -> None:
@@ -118,7 +127,8 @@ class SchedulerSimulator:
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                connector=aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else True),
             )
         return self._session
 
@@ -150,7 +160,7 @@ class SchedulerSimulator:
         metadata: dict[str, Any],
         node_names: list[str],
     ) -> ScheduleResult:
-        if not interested(pod, self.managed):
+        if not interested(pod, self.managed) or not self._ours(pod):
             return await self._schedule_elsewhere(pod, namespace, name, node_names)
         filtered = await self._call("filter", {"Pod": pod, "Nodes": None, "NodeNames": node_names})
         if not isinstance(filtered, dict):
@@ -196,6 +206,12 @@ class SchedulerSimulator:
             return result
         result.node = best
         return result
+
+    def _ours(self, pod: dict[str, Any]) -> bool:
+        if not self.scheduler_name:
+            return True
+        spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
+        return (spec.get("schedulerName") or "default-scheduler") == self.scheduler_name
 
     async def _schedule_elsewhere(
         self, pod: dict[str, Any], namespace: str, name: str, node_names: list[str]
