@@ -120,7 +120,11 @@ async def test_a_gpu_pod_that_bypasses_the_webhook_fails_rather_than_placed(
 async def test_without_the_webhook_peer_pods_fail_and_vgpu_names_still_place() -> None:
     local = await started(admission_webhook=False, nodes=1)
     try:
-        failed = await submit(load_pod(PEERS / "gpushare.yaml"), local.state())
+        # Named for vgpu's scheduler by hand: a pod left with the default scheduler never
+        # reaches the extender (its bind takes only vgpu-scheduler's pods).
+        gpushare = load_pod(PEERS / "gpushare.yaml")
+        gpushare["spec"]["schedulerName"] = "vgpu-scheduler"
+        failed = await submit(gpushare, local.state())
         assert failed.node == "node-1"
         assert "(aliyun syntax) asked for GPUs but the kubelet allocated none" in failed.reason
         # The extender read gpushare's name and wrote gpushare's annotations all the same.
