@@ -86,10 +86,13 @@ def test_only_the_scheduler_reaches_the_extender(rendering: str) -> None:
     allocator = find(docs, "Deployment", "vgpu-allocator")
     port = extender_port(docs)
     scheduler = _pod_source(find(docs, "Deployment", "vgpu-scheduler"))
-    assert allowed(docs, allocator, port, scheduler)
+    assert allowed(docs, allocator, port, scheduler), (
+        f"vgpu-scheduler cannot reach the extender (port {port}): let its pods in on that port "
+        "in components/network-policies and the chart's networkpolicies.yaml"
+    )
     others = [_pod_source(w) for w in _workloads(docs) if w["metadata"]["name"] != "vgpu-scheduler"]
     for source in [*others, TENANT, API_SERVER]:
-        assert not allowed(docs, allocator, port, source), source
+        assert not allowed(docs, allocator, port, source), f"{source} reaches the extender"
     # Prometheus scrapes every allocator's /metrics, which is served on the extender's port
     # until the extender has one of its own; nobody else does.
     monitor_port = find(render("overlays/servicemonitor"), "PodMonitor", "vgpu-allocator")
