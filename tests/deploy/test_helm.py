@@ -255,6 +255,14 @@ def test_chart_files_are_the_kustomize_files() -> None:
         assert link.resolve() == (K8S / "base" / "nats" / name).resolve()
 
 
+def test_schedulers_without_leader_election_must_be_one() -> None:
+    with pytest.raises(
+        Exception, match=r"scheduler\.leaderElect=false needs scheduler\.replicas=1"
+    ):
+        render_chart({"scheduler": {"leaderElect": False}})
+    assert render_chart({"scheduler": {"leaderElect": False, "replicas": 1}})
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
