@@ -43,6 +43,7 @@ from tests.deploy.manifests import (
     pod_spec,
     render,
 )
+from tests.deploy.netpol import selects
 
 DEV_VALUES = yaml.safe_load((CHART / "values-dev.yaml").read_text())
 
@@ -398,3 +399,41 @@ def test_install_notes_warn_about_what_only_the_operator_can_fix() -> None:
     for tag, warned in ((minor + 1, True), (minor - 1, False), (minor - 2, True)):
         text = notes({"scheduler": {"kubeScheduler": {"image": {"tag": f"v1.{tag}.0"}}}})
         assert ("kube-scheduler may be one minor version older" in text) == warned, tag
+
+
+def _runs_on(daemonset: dict[str, Any], node_labels: dict[str, str]) -> bool:
+    """Would the DaemonSet place a pod on a node with these labels (nodeSelector and required
+    node affinity; terms ORed, expressions within a term ANDed)?"""
+    spec = pod_spec(daemonset)
+    if not selects({"matchLabels": spec.get("nodeSelector") or {}}, node_labels):
+        return False
+    required = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    return any(selects({"matchExpressions": term["matchExpressions"]}, node_labels)
+               for term in required["nodeSelectorTerms"])  # fmt: skip
+
+
+TENCENT_NODE = {"nvidia-device-enable": "enable"}
+AWS_NODE = {"k8s.amazonaws.com/accelerator": "vgpu"}
+GFD_NODE = {"nvidia.com/gpu.present": "true"}
+
+
+def test_peer_node_labels_bring_the_agent_to_tencent_and_aws_gpu_nodes(work_dir: Path) -> None:
+    with_peers = [
+        find(_with_component("peer-node-labels", work_dir), "DaemonSet", "vgpu-node-agent"),
+        find(render_chart({"devicePlugin": {"peerNodeLabels": True}}), "DaemonSet",
+             "vgpu-node-agent"),
+    ]  # fmt: skip
+    without = [find(render(""), "DaemonSet", "vgpu-node-agent"),
+               find(render_chart(), "DaemonSet", "vgpu-node-agent")]  # fmt: skip
+    for agent in with_peers:
+        assert all(_runs_on(agent, n) for n in (TENCENT_NODE, AWS_NODE, GFD_NODE))
+        assert not _runs_on(agent, {"nvidia-device-enable": "disable"})
+        assert not _runs_on(agent, {"k8s.amazonaws.com/accelerator": "nvidia-tesla-t4"})
+    for agent in without:
+        assert _runs_on(agent, GFD_NODE)
+        assert not _runs_on(agent, TENCENT_NODE) and not _runs_on(agent, AWS_NODE)
+    # HAMi's nodeSelector narrows on top of the labels: gpu=on and a GPU-node label.
+    hami = find(render_chart({"devicePlugin": {"nvidiaNodeSelector": {"gpu": "on"}}}),
+                "DaemonSet", "vgpu-node-agent")  # fmt: skip
+    assert _runs_on(hami, {**GFD_NODE, "gpu": "on"})
+    assert not _runs_on(hami, GFD_NODE) and not _runs_on(hami, {"gpu": "on"})
