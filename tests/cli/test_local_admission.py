@@ -53,6 +53,8 @@ PEER_SPECS = [
     ("volcano.yaml", {"ubuntu-container": (2, 3000, 50)}),
     ("aws.yaml", {"resnet-container": (1, A100_MIB // 10, 10)}),
     ("kai.yaml", {"ubuntu": (1, A100_MIB // 2, 0)}),
+    ("kai-memory.yaml", {"ubuntu": (1, 2000, 0)}),
+    ("volcano-percentage.yaml", {"ubuntu-container": (1, A100_MIB // 4, 30)}),
 ]
 
 
