@@ -53,6 +53,8 @@ class ClaimHandlers:
     async def preferred(self, request: PreferredRequest) -> PreferredReply:
         if request.size < 1:
             raise ReplyError(f"preferred allocation size must be at least 1, got {request.size}")
-        uuids = self._engine.preferred(request.node, list(request.available_gpus), request.size)
-        HINTS.labels(outcome="hint" if uuids else "none").inc()
-        return PreferredReply(gpu_uuids=uuids)
+        slices = self._engine.preferred_slices(
+            request.node, list(request.available_gpus), request.size
+        )
+        HINTS.labels(outcome="hint" if slices else "none").inc()
+        return PreferredReply(gpu_uuids=[piece.uuid for piece in slices], slices=slices)

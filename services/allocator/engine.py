@@ -604,6 +604,11 @@ class PlacementEngine:
 
     def preferred(self, node: str, available_gpus: list[str], size: int) -> list[str]:
         """GPUs of the oldest bound-but-unclaimed, not yet hinted container of `size` slices."""
+        return [piece.uuid for piece in self.preferred_slices(node, available_gpus, size)]
+
+    def preferred_slices(self, node: str, available_gpus: list[str], size: int) -> list[GpuSlice]:
+        """The slices of the oldest bound-but-unclaimed, not yet hinted container of `size`
+        slices whose GPUs are all available (marked hinted)."""
         available = set(available_gpus)
         for allocation in self.ledger.on_node(node):
             for name, container in allocation.containers.items():
@@ -612,7 +617,7 @@ class PlacementEngine:
                 uuids = [piece.uuid for piece in container.slices]
                 if len(uuids) == size and available.issuperset(uuids):
                     self.ledger.mark_hinted(allocation.uid, name)
-                    return uuids
+                    return list(container.slices)
         return []
 
     # -- release / rebuild / views --------------------------------------------------------

@@ -277,12 +277,30 @@ def allocator(config_file: str | None, **flags: Any) -> None:
     help="No NVML or no GPU: exit with the reason (true, the default) or stay up, "
     "registered with no devices (false).",
 )  # fmt: skip
-def node_agent(config_file: str | None, **flags: Any) -> None:
+@click.option(
+    "--config-file", "nvidia_config_file", type=click.Path(dir_okay=False), default=None,
+    help="NVIDIA device-plugin config file (v1), as NVIDIA's plugin takes it "
+    "(also CONFIG_FILE); vgpu's --config and flags override it.",
+)  # fmt: skip
+@click.option(
+    "--sharing-mode", type=click.Choice(["vgpu", "time-slicing", "mps", "exclusive"]),
+    default=None, help="How this node's GPUs are shared (docs/modes.md).",
+)  # fmt: skip
+@click.option(
+    "--resource-config", default=None,
+    help="FROM:TO:REPLICAS[,...] as the GPU-sharing fork, e.g. gpu:sharedgpu:4.",
+)  # fmt: skip
+def node_agent(config_file: str | None, nvidia_config_file: str | None, **flags: Any) -> None:
     """Run the node agent (device plugin, inventory and usage publisher)."""
     from services.nodeagent.service import NodeAgent
-    from services.nodeagent.settings import NodeAgentSettings
+    from services.nodeagent.settings import load_node_agent_settings
 
-    settings = _settings(NodeAgentSettings, "nodeagent", config_file, **flags)
+    try:
+        settings = load_node_agent_settings(
+            config_file=config_file, nvidia_config_file=nvidia_config_file, flags=flags
+        )
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
     try:
         agent = NodeAgent(settings)
     except ValueError as exc:

@@ -58,9 +58,12 @@ def load_settings(
     file: str | os.PathLike[str] | None = None,
     overrides: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> S:
+    """`defaults` (e.g. what a peer system's config file states) are overridden by the file,
+    which the environment overrides, which `overrides` (flags) override."""
     fields = settings_type.__struct_fields__
-    merged: dict[str, Any] = {}
+    merged: dict[str, Any] = dict(defaults or {})
     if file:
         merged.update(_from_file(file, section))
     merged.update(_from_env(fields, os.environ if environ is None else environ))

@@ -30,6 +30,11 @@ class GpuDevice(msgspec.Struct, frozen=True, kw_only=True):
     memory_scaling: float = 0.0  # > 1: memory oversubscribed (slices may exceed the card)
     cores_scaling: float = 0.0  # compute shares on the GPU may sum to 100 x this
     split_count: int = 0  # tasks the GPU takes at most (device IDs advertised for it)
+    # How the GPU is shared (docs/modes.md): vgpu (slices held by the hook), time-slicing
+    # (replicas, no limits), mps (an MPS control daemon enforces each client's share) or
+    # exclusive (whole GPU only). The agent fills these in from its settings.
+    sharing_mode: str = "vgpu"
+    replicas: int = 0  # device IDs advertised for it; 0 = the allocator's split count
 
 
 class NodeInventory(msgspec.Struct, kw_only=True):
@@ -201,6 +206,9 @@ class PreferredRequest(msgspec.Struct, frozen=True, kw_only=True):
 class PreferredReply(msgspec.Struct, kw_only=True):
     error: str = ""
     gpu_uuids: list[str] = []
+    # The hinted container's slices on those GPUs (same order): what an MPS client's share
+    # is set from at Allocate, which names no pod.
+    slices: list[GpuSlice] = []
 
 
 class ErrorReply(msgspec.Struct, kw_only=True):

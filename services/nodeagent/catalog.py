@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from services.common.schemas import GpuDevice
 from services.nodeagent.device_ids import DeviceIdError, make_device_id, parse_device_id
+from services.nodeagent.modes import ModePlan
 
 
 class UnknownDeviceError(ValueError):
@@ -24,8 +25,15 @@ class AdvertisedDevice:
 
 
 class DeviceCatalog:
-    def __init__(self, gpus: list[GpuDevice], split_count: int) -> None:
+    """`plan` gives each GPU its sharing mode and its number of device IDs (modes.py);
+    without one every GPU is a vgpu GPU with `split_count` IDs."""
+
+    def __init__(
+        self, gpus: list[GpuDevice], split_count: int, plan: ModePlan | None = None
+    ) -> None:
         self._split_count = split_count
+        self._plan = plan or ModePlan(split_count=split_count)
+        gpus = self._plan.annotate(gpus)
         self._gpus = list(gpus)
         self._by_uuid = {gpu.uuid: gpu for gpu in gpus}
         self.generation = 0
@@ -44,7 +52,7 @@ class DeviceCatalog:
         return [
             AdvertisedDevice(make_device_id(gpu.uuid, replica), gpu)
             for gpu in self._gpus
-            for replica in range(self._split_count)
+            for replica in range(gpu.replicas or self._split_count)
         ]
 
     def gpu_of(self, device_id: str) -> GpuDevice:
@@ -54,12 +62,13 @@ class DeviceCatalog:
         except DeviceIdError as exc:
             raise UnknownDeviceError(str(exc)) from exc
         gpu = self._by_uuid.get(parsed.gpu_uuid)
-        if gpu is None or parsed.replica >= self._split_count:
+        if gpu is None or parsed.replica >= (gpu.replicas or self._split_count):
             raise UnknownDeviceError(f"unknown device ID {device_id!r}: not advertised here")
         return gpu
 
     async def update(self, gpus: list[GpuDevice]) -> bool:
         """Take a fresh view of the GPUs; wake watchers and return True if anything changed."""
+        gpus = self._plan.annotate(gpus)
         if gpus == self._gpus:
             return False
         async with self._changed:

@@ -69,6 +69,12 @@ def container_response(grant: ContainerGrant) -> pb.ContainerAllocateResponse:
         ],
         annotations=grant.annotations,
         cdi_devices=[pb.CDIDevice(name=name) for name in grant.cdi_devices],
+        devices=[
+            pb.DeviceSpec(
+                container_path=d.container_path, host_path=d.host_path, permissions=d.permissions
+            )
+            for d in grant.devices
+        ],
     )
 
 
@@ -81,7 +87,11 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         advisor: PreferenceAdvisor,
         issuer: GrantIssuer,
         resolver: AllocationResolver,
+        resolve_unhooked: bool = True,
     ) -> None:
+        # Containers on time-slicing/mps/exclusive GPUs of a resource the allocator does not
+        # book (a renamed one, e.g. nvidia.com/gpu.shared) have no decision to claim.
+        self._resolve_unhooked = resolve_unhooked
         self._node = node_name
         self._catalog = catalog
         self._advisor = advisor
@@ -156,7 +166,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 "allocated",
                 extra={"node": self._node, "device_ids": list(grant.device_ids), "key": grant.key},
             )
-            self._resolver.track(AllocateCall(grant, started, ended, caller))
+            if grant.hooked or self._resolve_unhooked:
+                self._resolver.track(AllocateCall(grant, started, ended, caller))
         ALLOCATE_CALLS.labels(node=self._node, outcome="ok").inc()
         return response
 

@@ -8,17 +8,20 @@ distinct GPUs. Either way the kubelet treats the answer as a hint only.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 
 from services.common import subjects
 from services.common.bus import Bus
-from services.common.schemas import GpuDevice, PreferredReply, PreferredRequest
+from services.common.schemas import GpuDevice, GpuSlice, PreferredReply, PreferredRequest
 from services.nodeagent.catalog import UnknownDeviceError
 from services.nodeagent.device_ids import parse_device_id
+from services.nodeagent.grant import container_key
 
 log = logging.getLogger("vgpu.nodeagent")
 
 GpuOf = Callable[[str], GpuDevice]
+MAX_REMEMBERED_HINTS = 256
 
 
 def _known(device_ids: list[str], gpu_of: GpuOf) -> dict[str, GpuDevice]:
@@ -67,8 +70,9 @@ def spread_pick(
     available: list[str], must_include: list[str], size: int, gpu_of: GpuOf
 ) -> list[str]:
     """`must_include`, then one ID per distinct GPU, then second IDs, ...; within a round the
-    GPU with the most available IDs (the fewest sharers) first, then index order. Without a
-    hint every container would otherwise pile onto GPU 0 until its IDs run out."""
+    least-shared GPU (the fewest of its IDs taken; without a known count, the most available)
+    first, then index order. Without a hint every container would otherwise pile onto GPU 0
+    until its IDs run out."""
     known = _known(available, gpu_of)
     chosen = [device_id for device_id in must_include if device_id in known][:size]
     used = {known[device_id].uuid for device_id in chosen}
@@ -82,7 +86,9 @@ def spread_pick(
         position = seen_on_gpu.get(gpu.uuid, 0)
         seen_on_gpu[gpu.uuid] = position + 1
         # A GPU already holding a must_include ID joins from the second round on.
-        ranked.append((position + (gpu.uuid in used), -free_on_gpu[gpu.uuid], gpu.index, device_id))
+        free = free_on_gpu[gpu.uuid]
+        shared = gpu.replicas - free if gpu.replicas else -free
+        ranked.append((position + (gpu.uuid in used), shared, gpu.index, device_id))
     chosen.extend(device_id for *_, device_id in sorted(ranked)[: size - len(chosen)])
     return chosen
 
@@ -95,6 +101,20 @@ class PreferenceAdvisor:
         self._node = node_name
         self._gpu_of = gpu_of
         self._timeout_s = timeout_s
+        # The allocator's slices for the IDs it hinted, by container key, so Allocate (which
+        # names no pod) can set an MPS client's share. Bounded: hints not followed age out.
+        self._hinted: OrderedDict[str, list[GpuSlice]] = OrderedDict()
+
+    def hinted_slices(self, device_ids: list[str]) -> list[GpuSlice] | None:
+        """The allocator's slices for exactly these IDs, when it hinted them."""
+        return self._hinted.get(container_key(device_ids))
+
+    def _remember(self, picked: list[str], slices: list[GpuSlice]) -> None:
+        if not slices:
+            return
+        self._hinted[container_key(picked)] = list(slices)
+        while len(self._hinted) > MAX_REMEMBERED_HINTS:
+            self._hinted.popitem(last=False)
 
     async def choose(
         self, available: list[str], must_include: list[str], size: int
@@ -102,6 +122,7 @@ class PreferenceAdvisor:
         """The IDs to suggest, and where they came from: "allocator" or "fallback"."""
         gpus = available_gpus(available, self._gpu_of)
         hint: list[str] = []
+        slices: list[GpuSlice] = []
         try:
             reply = await self._bus.request(
                 subjects.ALLOC_PREFERRED,
@@ -110,6 +131,7 @@ class PreferenceAdvisor:
                 timeout=self._timeout_s,
             )
             hint = reply.gpu_uuids
+            slices = reply.slices
         except Exception as exc:  # any failure to get a hint means: pick ourselves
             log.info(
                 "no preferred-allocation hint from the allocator",
@@ -118,6 +140,7 @@ class PreferenceAdvisor:
         if hint:
             picked = pick_on_gpus(available, must_include, size, hint, self._gpu_of)
             if picked is not None:
+                self._remember(picked, slices)
                 return picked, "allocator"
             log.warning(
                 "allocator hint does not fit the available devices",

@@ -28,10 +28,20 @@ from services.nodeagent.device_watch import DeviceWatcher
 from services.nodeagent.gpus import GpuBackend, GpuProcess, NvmlInitError, backend_for
 from services.nodeagent.gpus.backend import LoadSink
 from services.nodeagent.gpus.none import NoGpuBackend
-from services.nodeagent.grant import ContainerGrant, GrantIssuer, container_key, plan_grant
+from services.nodeagent.grant import (
+    ContainerGrant,
+    GrantIssuer,
+    GrantOptions,
+    MpsShare,
+    container_key,
+    parse_strategies,
+    plan_grant,
+)
 from services.nodeagent.health import HealthMarks, HealthMonitor, parse_xids
 from services.nodeagent.kubelet_checkpoint import CHECKPOINT_FILE, KubeletCheckpoint
-from services.nodeagent.labels import NodeLabeler, gpu_labels, labeler_for
+from services.nodeagent.labels import REPLICAS, SHARING, NodeLabeler, gpu_labels, labeler_for
+from services.nodeagent.modes import EXCLUSIVE, MPS, TIME_SLICING, VGPU
+from services.nodeagent.mps import MpsDaemons
 from services.nodeagent.plugin import OPTIONS, DevicePluginServicer
 from services.nodeagent.podresources import PodResourcesClient
 from services.nodeagent.preferred import PreferenceAdvisor
@@ -42,9 +52,12 @@ from services.nodeagent.relay import RelayHub
 from services.nodeagent.resolver import AllocateCall, AllocationResolver
 from services.nodeagent.settings import (
     NodeAgentSettings,
+    advertised_resource,
     check_settings,
     hook_settings,
     host_capacity,
+    mode_plan,
+    node_mode,
 )
 from services.nodeagent.verify import Verifier
 
@@ -71,6 +84,9 @@ class NodeAgent:
         check_settings(settings)
         subjects.node_token(settings.node_name)  # the name must fit in a NATS subject
         self._settings = settings
+        # What the kubelet sees: NVIDIA's rename / the fork's resource_config, else ours.
+        self.resource_name = advertised_resource(settings)
+        self._mps: MpsDaemons | None = None
         # Simulated GPUs are made now so a bad spec fails at once; NVML starts in start().
         if gpu_backend is None and settings.simulate:
             gpu_backend = backend_for(
@@ -187,8 +203,20 @@ class NodeAgent:
         stack.push_async_callback(bus.close)
         locator = PodResourcesClient(s.pod_resources_socket)
         stack.push_async_callback(locator.close)
-        catalog = DeviceCatalog(first, s.split_count)
+        catalog = DeviceCatalog(first, s.split_count, mode_plan(s))
         self._catalog = catalog
+        mps_gpus = [gpu for gpu in catalog.gpus if gpu.sharing_mode == MPS]
+        if mps_gpus:
+            mps = MpsDaemons(
+                node_name=s.node_name,
+                command=s.mps_control,
+                mps_root=s.mps_root,
+                gpus=mps_gpus,
+                interval_s=s.mps_watch_interval_s,
+            )
+            stack.push_async_callback(mps.stop)
+            await mps.start()
+            self._mps = mps
 
         attributor = ProcessAttributor(Path(s.proc_root))
         relay = RelayHub(
@@ -280,7 +308,7 @@ class NodeAgent:
 
         resolver = AllocationResolver(
             node_name=s.node_name,
-            resource_name=s.resource_name,
+            resource_name=self.resource_name,
             bus=bus,
             locator=locator,
             resolve_timeout_s=s.resolve_timeout_s,
@@ -304,7 +332,7 @@ class NodeAgent:
         janitor = DirectoryJanitor(
             node_name=s.node_name,
             container_root=Path(s.container_root),
-            resource_name=s.resource_name,
+            resource_name=self.resource_name,
             locator=locator,
             on_remove=container_gone,
             grace_s=s.container_dir_grace_s,
@@ -313,25 +341,28 @@ class NodeAgent:
         self._janitor = janitor
         janitor.start()
         stack.push_async_callback(janitor.stop)
+        advisor = PreferenceAdvisor(bus, s.node_name, catalog.gpu_of)
         servicer = DevicePluginServicer(
             node_name=s.node_name,
             catalog=catalog,
-            advisor=PreferenceAdvisor(bus, s.node_name, catalog.gpu_of),
+            advisor=advisor,
             issuer=GrantIssuer(
                 catalog,
                 Path(s.container_root),
                 Path(s.hook_library),
-                s.device_list_strategy,
-                s.cdi_kind,
-                hook_settings(s),
+                hook_settings=hook_settings(s),
+                options=self._grant_options(),
+                mps_share=lambda ids: self._mps_share(catalog, advisor, ids),
             ),
             resolver=resolver,
+            # The allocator books only resource_name; a renamed resource is kube-scheduler's.
+            resolve_unhooked=self.resource_name == s.resource_name,
         )
         plugin_server = DevicePluginServer(
             servicer,
             plugin_dir=s.plugin_dir,
             socket_name=s.socket_name,
-            resource_name=s.resource_name,
+            resource_name=self.resource_name,
             options=OPTIONS,
             node_name=s.node_name,
             watch_interval_s=s.kubelet_watch_interval_s,
@@ -345,7 +376,9 @@ class NodeAgent:
             extra={
                 "node": s.node_name,
                 "gpus": len(catalog.gpus),
-                "devices": len(catalog.gpus) * s.split_count,
+                "devices": len(catalog.devices()),
+                "resource": self.resource_name,
+                "modes": sorted({gpu.sharing_mode for gpu in catalog.gpus}),
                 "socket": str(self.socket_path),
                 "driver": backend.driver_version(),
                 "cuda": backend.cuda_version(),
@@ -388,7 +421,7 @@ class NodeAgent:
         order of several GPUs, which the limit file must follow, is not in PodResources."""
         s = self._settings
         try:
-            held = await locator.held(s.resource_name)
+            held = await locator.held(self.resource_name)
         except grpc.aio.AioRpcError as exc:
             log.warning(
                 "kubelet not answering; unrecorded container directories stay unserved",
@@ -420,7 +453,7 @@ class NodeAgent:
                 if len(gpus) != 1:
                     raise ValueError("the order of its GPUs is not known to the kubelet's API")
                 grants.append(
-                    plan_grant(catalog, device_ids, root, hook, s.device_list_strategy, s.cdi_kind)
+                    plan_grant(catalog, device_ids, root, hook, options=self._grant_options())
                 )
             except ValueError as exc:
                 log.warning(
@@ -428,6 +461,43 @@ class NodeAgent:
                     extra={"node": s.node_name, "key": key, "error": str(exc)},
                 )
         return grants
+
+    def _grant_options(self) -> GrantOptions:
+        s = self._settings
+        shared = node_mode(s) in (TIME_SLICING, MPS)
+        return GrantOptions(
+            strategies=parse_strategies(s.device_list_strategy),
+            id_strategy=s.device_id_strategy,
+            cdi_kind=s.cdi_kind,
+            pass_device_specs=s.pass_device_specs,
+            driver_root=s.nvidia_driver_root,
+            max_ids_per_container=1 if shared and s.fail_requests_greater_than_one else 0,
+            mps_root=s.mps_root,
+        )
+
+    @staticmethod
+    def _mps_share(
+        catalog: DeviceCatalog, advisor: PreferenceAdvisor, device_ids: list[str]
+    ) -> MpsShare:
+        """The client's share: its slice as the allocator hinted it for these IDs, else an
+        equal share per replica held (what NVIDIA's MPS gives every client)."""
+        gpu = catalog.gpu_of(device_ids[0])
+        hinted = advisor.hinted_slices(device_ids)
+        piece = next((p for p in hinted or () if p.uuid == gpu.uuid), None)
+        replicas = max(1, gpu.replicas)
+        held = sum(1 for d in device_ids if catalog.gpu_of(d).uuid == gpu.uuid)
+        equal_memory = gpu.memory_mib * held // replicas
+        equal_threads = max(1, 100 * held // replicas)
+        if piece is None:
+            return MpsShare(memory_mib=equal_memory, thread_percent=equal_threads)
+        return MpsShare(
+            memory_mib=piece.memory_mib or gpu.memory_mib,
+            thread_percent=piece.cores or 100,
+        )
+
+    @property
+    def mps(self) -> MpsDaemons | None:
+        return self._mps
 
     def _attach_load(self, load: LoadSink, container: ResolvedContainer) -> None:
         load.detach(container.key)  # a new owner of the directory replaces the old one's load
@@ -458,6 +528,10 @@ class NodeAgent:
             self._backend.cuda_version(),
             self._settings.split_count,
         )
+        mode = node_mode(self._settings)
+        if labels and mode != VGPU:  # GFD's values: time-slicing, mps, none
+            labels[SHARING] = mode if mode in (TIME_SLICING, MPS) else "none"
+            labels[REPLICAS] = "1" if mode == EXCLUSIVE else str(gpus[0].replicas)
         try:
             await self._labeler.apply(labels)
         except Exception as exc:  # labels are a convenience: never stop serving for them
@@ -485,4 +559,5 @@ class NodeAgent:
         self._relay = None
         self._janitor = None
         self._verifier = None
+        self._mps = None
         await stack.aclose()

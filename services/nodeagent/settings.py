@@ -2,16 +2,39 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+from typing import Any
+
 import msgspec
 
+from services.common.config import ConfigError, load_settings
 from services.nodeagent.container_files import (
     COMPUTE_POLICIES,
     MAX_LIMIT_WAIT_MS,
     HookSettings,
 )
 from services.nodeagent.context_overhead import parse_overheads
-from services.nodeagent.grant import STRATEGIES
+from services.nodeagent.grant import ID_STRATEGIES, parse_strategies
 from services.nodeagent.health import DEFAULT_IGNORED_XIDS, parse_xids
+from services.nodeagent.modes import (
+    EXCLUSIVE,
+    MAX_MPS_CLIENTS,
+    MPS,
+    TIME_SLICING,
+    VGPU,
+    ModePlan,
+    check_mode,
+    parse_gpu_modes,
+)
+from services.nodeagent.nvidia_config import (
+    NvidiaConfigError,
+    load_nvidia_config,
+    settings_values,
+)
+from services.nodeagent.resource_config import ResourceRule, gpu_rule, parse_resource_config
+
+MIG_STRATEGIES = ("none", "single", "mixed")
 
 
 class NodeAgentSettings(msgspec.Struct, kw_only=True, frozen=True):
@@ -49,8 +72,34 @@ class NodeAgentSettings(msgspec.Struct, kw_only=True, frozen=True):
     # Device memory the hook charges per CUDA context, per GPU model: "A100=420,T4=300,*=350"
     # or one number for all; empty = none (context_overhead.py).
     context_overhead: str = ""
-    # How GPUs reach the runtime: envvar (NVIDIA_VISIBLE_DEVICES), cdi-cri or cdi-annotations.
+    # How GPUs reach the runtime, one or several comma-separated (NVIDIA's
+    # deviceListStrategy): envvar (NVIDIA_VISIBLE_DEVICES), volume-mounts, cdi-cri,
+    # cdi-annotations.
     device_list_strategy: str = "envvar"
+    # What names the GPUs in the Allocate response: uuid or index (NVIDIA's deviceIDStrategy).
+    device_id_strategy: str = "uuid"
+    # Also return the /dev nodes as DeviceSpecs (NVIDIA's passDeviceSpecs; CPUManager).
+    pass_device_specs: bool = False
+    nvidia_driver_root: str = "/"  # host root of the driver and its /dev nodes
+    # NVIDIA's migStrategy: none | single | mixed (MIG itself: docs/modes.md).
+    mig_strategy: str = "none"
+    # How GPUs are shared (docs/modes.md): vgpu | time-slicing | mps | exclusive, for the
+    # node, and per GPU "0=mps,GPU-...=exclusive" (GPU index or UUID) over it.
+    sharing_mode: str = "vgpu"
+    gpu_sharing_modes: str = ""
+    sharing_replicas: int = 0  # device IDs per time-slicing / mps GPU; 0 = split_count
+    # Advertise the shared GPUs under this name instead of resource_name (NVIDIA's rename,
+    # e.g. nvidia.com/gpu.shared); "" = resource_name.
+    shared_resource_name: str = ""
+    # Refuse Allocate of more than one replica per container (time-slicing / mps).
+    fail_requests_greater_than_one: bool = False
+    # The GPU-sharing fork's FROM:TO:REPLICAS[,...] (resource_config.py).
+    resource_config: str = ""
+    # MPS: per GPU <mps_root>/<gpu-uuid>/{pipe,log}; the control program is started as
+    # `<mps_control> -d` (on machines without GPUs: services/simulators/mps_control.py).
+    mps_root: str = "/run/nvidia/mps"
+    mps_control: str = "nvidia-cuda-mps-control"
+    mps_watch_interval_s: float = 1.0
     cdi_kind: str = "nvidia.com/gpu"
     # How the hooks hold each container to its cores share (hook.conf, read-only to them):
     # share = only while other containers use the GPU, hard = always, off = never.
@@ -122,11 +171,18 @@ def check_settings(settings: NodeAgentSettings) -> None:
             f"resource_name must be an extended resource like nvidia.com/gpu, "
             f"got {settings.resource_name!r}"
         )
-    if settings.device_list_strategy not in STRATEGIES:
+    parse_strategies(settings.device_list_strategy)
+    if settings.device_id_strategy not in ID_STRATEGIES:
         raise ValueError(
-            f"device_list_strategy must be one of {', '.join(STRATEGIES)}, "
-            f"got {settings.device_list_strategy!r}"
+            f"device_id_strategy must be one of {', '.join(ID_STRATEGIES)}, "
+            f"got {settings.device_id_strategy!r}"
         )
+    if settings.mig_strategy not in MIG_STRATEGIES:
+        raise ValueError(
+            f"mig_strategy must be one of {', '.join(MIG_STRATEGIES)}, "
+            f"got {settings.mig_strategy!r}"
+        )
+    check_sharing(settings)
     if settings.compute_policy not in COMPUTE_POLICIES:
         raise ValueError(
             f"compute_policy must be one of {', '.join(COMPUTE_POLICIES)}, "
@@ -156,6 +212,7 @@ def check_settings(settings: NodeAgentSettings) -> None:
     parse_xids(settings.ignored_xids)
     parse_overheads(settings.context_overhead)
     for field in (
+        "mps_watch_interval_s",
         "heartbeat_s",
         "usage_interval_s",
         "resolve_timeout_s",
@@ -177,3 +234,111 @@ def hook_settings(settings: NodeAgentSettings) -> HookSettings:
     agent keeps trying to resolve whose container it is, and no longer."""
     wait_ms = min(int(settings.resolve_timeout_s * 1000), MAX_LIMIT_WAIT_MS)
     return HookSettings(limit_wait_ms=wait_ms, compute_policy=settings.compute_policy)
+
+
+def check_sharing(settings: NodeAgentSettings) -> None:
+    """The sharing settings (docs/modes.md), each bad value named."""
+    check_mode(settings.sharing_mode, "sharing_mode")
+    per_gpu = parse_gpu_modes(settings.gpu_sharing_modes)
+    rules = parse_resource_config(settings.resource_config) if settings.resource_config else []
+    if settings.sharing_replicas < 0 or settings.sharing_replicas == 1:
+        raise ValueError(
+            f"sharing_replicas must be 0 (the split count) or at least 2, "
+            f"got {settings.sharing_replicas}"
+        )
+    name = settings.shared_resource_name
+    if name and "/" not in name:
+        raise ValueError(
+            f"shared_resource_name must be an extended resource like nvidia.com/gpu.shared, "
+            f"got {name!r}"
+        )
+    modes = {settings.sharing_mode, *per_gpu.values()}
+    if MPS in modes:
+        replicas = mode_plan(settings).replicas_for(MPS)
+        if replicas > MAX_MPS_CLIENTS:
+            raise ValueError(
+                f"an MPS control daemon serves at most {MAX_MPS_CLIENTS} clients per GPU; "
+                f"{replicas} replicas asked (sharing_replicas, or split_count)"
+            )
+        if settings.mig_strategy == "mixed":
+            raise ValueError("sharing_mode mps cannot be used with mig_strategy mixed")
+        if not settings.mps_root.startswith("/"):
+            raise ValueError(f"mps_root must be an absolute path, got {settings.mps_root!r}")
+    if gpu_rule(rules) is not None and (name or settings.sharing_replicas):
+        raise ValueError(
+            "resource_config's gpu rule names the resource and replicas: leave "
+            "shared_resource_name and sharing_replicas unset beside it"
+        )
+
+
+def _gpu_rule(settings: NodeAgentSettings) -> ResourceRule | None:
+    if not settings.resource_config:
+        return None
+    return gpu_rule(parse_resource_config(settings.resource_config))
+
+
+def node_mode(settings: NodeAgentSettings) -> str:
+    """The node's mode: resource_config's gpu rule turns vgpu into replicas (time-slicing),
+    or into whole GPUs under a new name with REPLICAS 1."""
+    rule = _gpu_rule(settings)
+    if rule is not None and settings.sharing_mode == VGPU:
+        return TIME_SLICING if rule.replicas > 1 else EXCLUSIVE
+    return settings.sharing_mode
+
+
+def mode_plan(settings: NodeAgentSettings) -> ModePlan:
+    rule = _gpu_rule(settings)
+    replicas = (
+        rule.replicas if rule is not None and rule.replicas > 1 else settings.sharing_replicas
+    )
+    return ModePlan(
+        default=node_mode(settings),
+        per_gpu=parse_gpu_modes(settings.gpu_sharing_modes),
+        split_count=settings.split_count,
+        replicas=replicas,
+    )
+
+
+def advertised_resource(settings: NodeAgentSettings) -> str:
+    """The resource the kubelet sees: resource_config's TO, else the rename, else
+    resource_name."""
+    rule = _gpu_rule(settings)
+    if rule is not None:
+        return rule.resource
+    return settings.shared_resource_name or settings.resource_name
+
+
+NVIDIA_CONFIG_ENV = "CONFIG_FILE"  # NVIDIA's plugin reads its config file's path from here
+
+
+def load_node_agent_settings(
+    *,
+    config_file: str | None = None,
+    nvidia_config_file: str | None = None,
+    flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> NodeAgentSettings:
+    """NVIDIA's device-plugin config file (`--config-file` / CONFIG_FILE), then vgpu's YAML,
+    then VGPU_* variables, then flags, each over the one before; then checked. ConfigError
+    naming the file, key and reason."""
+    env = os.environ if environ is None else environ
+    path = nvidia_config_file or env.get(NVIDIA_CONFIG_ENV) or ""
+    defaults: dict[str, Any] = {}
+    if path:
+        try:
+            defaults = settings_values(load_nvidia_config(path))
+        except NvidiaConfigError as exc:
+            raise ConfigError(f"NVIDIA device-plugin config refused: {exc}") from exc
+    settings = load_settings(
+        NodeAgentSettings,
+        section="nodeagent",
+        file=config_file,
+        overrides=flags,
+        environ=env,
+        defaults=defaults,
+    )
+    try:
+        check_settings(settings)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    return settings
