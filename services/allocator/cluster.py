@@ -23,6 +23,7 @@ from typing import NamedTuple
 import msgspec
 
 from services.common.schemas import GpuDevice, NodeInventory
+from services.common.sharing import VGPU
 
 FULL_COMPUTE = 100
 _NO_GPU = GpuDevice(uuid="", index=-1, model="", memory_mib=0)  # states nothing
@@ -66,6 +67,10 @@ class GpuState:
     @property
     def healthy(self) -> bool:
         return self.device.healthy and not self.device.mig_mode
+
+    @property
+    def sharing_mode(self) -> str:
+        return self.device.sharing_mode
 
     @property
     def free_memory(self) -> int:
@@ -142,6 +147,7 @@ class NodeState:
                     g.slots,
                     g.compute,
                     g.device.numa_node,
+                    g.device.sharing_mode,
                 )
                 for g in self.gpus
             ),
@@ -165,6 +171,7 @@ class NodeState:
                     g.compute,
                     g.device.numa_node,
                     tuple(sorted(positions[p] for p in g.device.nvlink_peers if p in positions)),
+                    g.device.sharing_mode,
                 )
                 for g in self.gpus
             )
@@ -176,8 +183,13 @@ class NodeState:
         per version): a quick bound on what fits."""
         memo = self._free_cores
         if memo is None or memo[0] != self.version:
+            # Only vgpu GPUs are bounded by compute: a replica of the others asks none.
             free = sorted(
-                (g.compute - g.used.cores for g in self.gpus if g.healthy and g.free_slots > 0),
+                (
+                    g.compute - g.used.cores if g.device.sharing_mode == VGPU else g.compute
+                    for g in self.gpus
+                    if g.healthy and g.free_slots > 0
+                ),
                 reverse=True,
             )
             memo = self._free_cores = (self.version, tuple(free))
@@ -220,7 +232,9 @@ def gpu_capacity(config: CapacityConfig, node: str, gpu: GpuDevice) -> GpuCapaci
     cluster-wide setting (agents that state nothing)."""
     memory = config.node_memory_scaling.get(node) or gpu.memory_scaling or config.memory_scaling
     cores = gpu.cores_scaling or config.cores_scaling
-    slots = gpu.split_count or config.split_count
+    # A shared or exclusive GPU states its device IDs (replicas, modes.py); else the
+    # agent's split count, else the allocator's.
+    slots = gpu.replicas or gpu.split_count or config.split_count
     return GpuCapacity(memory, max(1, round(FULL_COMPUTE * cores)), slots)
 
 

@@ -20,6 +20,7 @@ from services.common.schemas import ContainerAllocation, PodAllocation
 from .cluster import FULL_COMPUTE, ClusterState, NodeState
 from .fragmentation import Shape, WorkloadMix
 from .ledger import Ledger
+from .modes import mode_refusals
 from .placement import NodePlacement, NoFit, describe_request, host_problem, need_text, place_pod
 from .pod_request import NUMA_BIND, PodRequest, Selection, parse_pod
 from .policies import MAX_SCORE, POLICIES, Policy, ScoreContext, relative_scores
@@ -339,6 +340,7 @@ class PlacementCore:
                     f"container {request.container!r} ({describe_request(request)}) can never "
                     f"fit: no node in the cluster has {need_text(request)}{numa}{allowed} "
                     f"(largest GPU: {largest} MiB, most GPUs on one node: {most})"
+                    f"{mode_refusals(request, states)}"
                 )
         if (pod.cpu_milli or pod.memory_mib) and not fits_somewhere(pod):
             gpu_only = dataclasses.replace(pod, cpu_milli=0, memory_mib=0)

@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 
 from services.common.resources import GPU, GPU_CORES, GPU_MEMORY, GPU_MEMORY_PERCENT
 from services.common.schemas import ContainerAllocation, ContainerRequest, GpuSlice
+from services.common.sharing import TIME_SLICING, VGPU
 
 from .cluster import FULL_COMPUTE, Charge, GpuState, NodeState
+from .modes import memory_needed, refusal, slice_need
 from .pod_request import NUMA_BIND, PodRequest
 from .policies import Policy, ScoreContext, Trial
 
@@ -69,20 +71,13 @@ def need_text(request: ContainerRequest) -> str:
     return f"{request.gpus} {plural} each with {memory}{compute}"
 
 
-def memory_needed(request: ContainerRequest, gpu: GpuState) -> int:
-    """MiB of one slice: as asked, a share of the card (after the reserve), an equal share
-    (schedulable memory / split count), or all of it."""
-    if request.equal_share:
-        return gpu.memory_mib // gpu.slots
-    if request.memory_mib:
-        return request.memory_mib
-    if request.memory_percent:
-        return gpu.base_memory_mib * request.memory_percent // 100
-    return gpu.base_memory_mib
-
-
 def slice_charge(request: ContainerRequest, gpu: GpuState) -> Charge:
-    return Charge(memory_needed(request, gpu), request.cores, 1)
+    """What one slice holds on `gpu` in its sharing mode (modes.py); NoFit if the mode
+    cannot serve the request."""
+    need = slice_need(request, gpu)
+    if need is None:
+        raise NoFit(request, f"cannot use GPU {gpu.uuid}: {refusal(gpu)}")
+    return Charge(need[0], need[1], 1)
 
 
 def _max(a: Charge, b: Charge) -> Charge:
@@ -134,6 +129,7 @@ class _Placer:
         self.app: dict[str, Charge] = {}
         self.init: dict[str, Charge] = {}
         self.trial = Trial(node, extra={}, empty=empty)
+        self.refused: dict[str, str] = {}  # sharing mode -> why it cannot serve a request
 
     def _base(self, gpu: GpuState) -> Charge:
         return Charge() if self.empty else gpu.used
@@ -142,8 +138,15 @@ class _Placer:
         """The extra charge of one more slice of `request` on `gpu`, or None if it won't fit.
 
         Plain integers on purpose: this runs for every GPU of every node a new shape meets."""
-        need = memory_needed(request, gpu)
-        cores = request.cores
+        if gpu.device.sharing_mode == VGPU:
+            need = memory_needed(request, gpu)
+            cores = request.cores
+        else:
+            by_mode = slice_need(request, gpu)
+            if by_mode is None:
+                self.refused[gpu.sharing_mode] = refusal(gpu)
+                return None
+            need, cores = by_mode
         uuid = gpu.uuid
         am, ac, an = self.app.get(uuid) or _ZERO
         im, ic, inn = self.init.get(uuid) or _ZERO
@@ -180,6 +183,8 @@ class _Placer:
         self, request: ContainerRequest, candidates: list[tuple[GpuState, Charge]]
     ) -> list[GpuState] | None:
         k = request.gpus
+        if candidates and all(p[0].sharing_mode == TIME_SLICING for p in candidates):
+            return self._least_shared(k, [p[0] for p in candidates])
         groups: list[list[tuple[GpuState, Charge]]]
         if self.pod.numa_bind and k > 1:
             by_numa: dict[int, list[tuple[GpuState, Charge]]] = {}
@@ -210,9 +215,24 @@ class _Placer:
                     best, best_score = gpus, score
         return None if best is None else list(best)
 
+    def _least_shared(self, k: int, gpus: list[GpuState]) -> list[GpuState] | None:
+        """Replicas without limits contend for the whole GPU: spread them, the GPU with the
+        fewest replicas taken first (NVIDIA's `distributed` policy), then index order."""
+        if len(gpus) < k:
+            return None
+
+        def taken(gpu: GpuState) -> int:
+            base = 0 if self.empty else gpu.used.slots
+            return base + (self.trial.extra.get(gpu.uuid) or _ZERO).slots
+
+        return sorted(gpus, key=lambda g: (taken(g), g.index))[:k]
+
     def _no_room(self, request: ContainerRequest, roomy: int) -> NoFit:
         gpus = self.node.gpus
         notes = []
+        for mode, why in sorted(self.refused.items()):
+            count = sum(g.sharing_mode == mode for g in gpus)
+            notes.append(f"{count} in {mode} mode refuse it ({why})")
         if not self.empty:
             unhealthy = sum(not g.healthy for g in gpus)
             if unhealthy:
@@ -290,12 +310,15 @@ def slices_on(request: ContainerRequest, gpus: Sequence[GpuState]) -> list[GpuSl
     for gpu in gpus:
         if not gpu.healthy:
             raise NoFit(request, f"cannot use GPU {gpu.uuid}: it is unhealthy")
-    return [
-        GpuSlice(
-            uuid=g.uuid, index=g.index, memory_mib=memory_needed(request, g), cores=request.cores
+    slices = []
+    for gpu in gpus:
+        charge = slice_charge(request, gpu)
+        slices.append(
+            GpuSlice(
+                uuid=gpu.uuid, index=gpu.index, memory_mib=charge.memory_mib, cores=charge.cores
+            )
         )
-        for g in gpus
-    ]
+    return slices
 
 
 def overbooked(

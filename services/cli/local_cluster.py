@@ -12,7 +12,9 @@ import contextlib
 import errno
 import logging
 import os
+import shlex
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -65,6 +67,7 @@ WEBHOOK_CONFIGURATION = {
     ]},
 }  # fmt: skip
 HOOK_BUILD = Path(__file__).resolve().parents[2] / "libvgpu-hook" / "build" / "libvgpu.so"
+SIMULATED_MPS_CONTROL = f"{shlex.quote(sys.executable)} -m services.simulators.mps_control"
 
 
 class Service(Protocol):
@@ -85,6 +88,8 @@ class LocalClusterSpec:
     allocator_port: int = 8080
     metrics_port: int = 9400
     split_count: int = 10
+    # How every node shares its GPUs (docs/modes.md): vgpu, time-slicing, mps or exclusive.
+    mode: str = "vgpu"
     heartbeat_s: float = 5.0
     # The local API server calls the allocator's mutating webhook on pod CREATE, as a cluster
     # does with deploy/k8s (off: pods reach the scheduler exactly as written).
@@ -225,6 +230,10 @@ class LocalCluster:
                 hook_library=hook_library,
                 split_count=self.spec.split_count,
                 heartbeat_s=self.spec.heartbeat_s,
+                sharing_mode=self.spec.mode,
+                # No GPU here: the MPS control daemons are the simulated control program.
+                mps_root=str(root / "mps"),
+                mps_control=SIMULATED_MPS_CONTROL,
             )
         )
         await agent.start()

@@ -87,6 +87,10 @@ def main() -> None:
     "(default: beside the state file).",
 )  # fmt: skip
 @click.option("--fresh", is_flag=True, help="Empty the JetStream store first: forget every slice.")
+@click.option(
+    "--mode", type=click.Choice(["vgpu", "time-slicing", "mps", "exclusive"]), default="vgpu",
+    show_default=True, help="How the nodes share their GPUs (docs/modes.md).",
+)  # fmt: skip
 def up(
     nats_url: str,
     nodes: int,
@@ -99,6 +103,7 @@ def up(
     state_file: Path | None,
     store_dir: Path | None,
     fresh: bool,
+    mode: str,
 ) -> None:
     """Run the whole system on this machine with simulated GPUs until Ctrl-C.
 
@@ -121,7 +126,7 @@ def up(
     store = "" if nats_url else str(store_dir or default_store_dir(path))
     spec = LocalClusterSpec(
         nodes=nodes, simulate=simulate, nats_url=nats_url, allocator_port=allocator_port,
-        metrics_port=metrics_port, nats_store_dir=store, fresh=fresh,
+        metrics_port=metrics_port, nats_store_dir=store, fresh=fresh, mode=mode,
     )  # fmt: skip
 
     async def run() -> None:
@@ -141,6 +146,8 @@ def up(
             for node, url in state.kubelets.items():
                 gpus = ", ".join(gpu.uuid for gpu in cluster.agents[node].gpus)
                 click.echo(f"{node:<10} kubelet {url}  GPUs {gpus}")
+            if mode != "vgpu":
+                click.echo(f"mode       {mode} (docs/modes.md)")
             click.echo("ready (vgpu submit examples/half-gpu.yaml; Ctrl-C to stop)", err=False)
             sys.stdout.flush()
             await stop.wait()

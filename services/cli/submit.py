@@ -44,6 +44,7 @@ class ContainerOutcome(msgspec.Struct, kw_only=True):
     envs: dict[str, str]
     mounts: list[dict[str, Any]]
     limits: dict[str, str]  # the limit file the hook will read ({} if it never appeared)
+    hooked: bool = True  # False: a time-slicing/mps/exclusive GPU, no hook nor limit file
 
 
 class SubmitOutcome(msgspec.Struct, kw_only=True):
@@ -191,6 +192,7 @@ async def _container_outcome(admitted: Any, limits_timeout_s: float) -> Containe
         envs={**admitted.envs, **admitted.container_env},
         mounts=mounts,
         limits=limits,
+        hooked=bool(own_dir),
     )
 
 
@@ -259,7 +261,9 @@ def render(outcome: SubmitOutcome) -> str:
         for mount in container.mounts:
             mode = "ro" if mount.get("read_only") else "rw"
             lines.append(f"      {mount['host_path']} -> {mount['container_path']} ({mode})")
-        if container.limits:
+        if not container.hooked:
+            lines.append("    limits: no hook (the GPU's sharing mode holds it: docs/modes.md)")
+        elif container.limits:
             lines.append("    limits (read by the hook):")
             lines.extend(f"      {key}={value}" for key, value in container.limits.items())
         else:

@@ -12,12 +12,9 @@ from dataclasses import dataclass, field
 import msgspec
 
 from services.common.schemas import GpuDevice
+from services.common.sharing import EXCLUSIVE, MODES, MPS, TIME_SLICING, VGPU
 
-VGPU = "vgpu"
-TIME_SLICING = "time-slicing"
-MPS = "mps"
-EXCLUSIVE = "exclusive"
-MODES = (VGPU, TIME_SLICING, MPS, EXCLUSIVE)
+__all__ = ["EXCLUSIVE", "MODES", "MPS", "TIME_SLICING", "VGPU", "ModePlan", "parse_gpu_modes"]
 MAX_MPS_CLIENTS = 48  # the MPS control daemon's limit per GPU (compute capability >= 7.5)
 
 

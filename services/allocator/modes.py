@@ -1,0 +1,82 @@
+"""What one slice costs on a GPU in each sharing mode, or why the mode cannot serve it.
+
+vgpu: the slice as asked (memory, compute share). time-slicing: a replica of the whole GPU
+with no limit, so only a bare GPU count fits and it costs one task slot only. mps: a client of
+the GPU's MPS daemon, one GPU per container; a bare count is an equal share per replica (as
+NVIDIA's MPS), else the slice as asked, enforced by the daemon. exclusive: the whole GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from services.common.resources import GPU, GPU_CORES, GPU_MEMORY
+from services.common.schemas import ContainerRequest
+from services.common.sharing import EXCLUSIVE, MPS, TIME_SLICING, VGPU
+
+from .cluster import FULL_COMPUTE, GpuState, NodeState
+
+REFUSALS = {
+    TIME_SLICING: (
+        f"time-slicing GPUs hold no memory or compute limit: ask a bare {GPU} "
+        f"(no {GPU_MEMORY} or {GPU_CORES})"
+    ),
+    EXCLUSIVE: f"exclusive GPUs are given whole: ask a bare {GPU} (no share of one)",
+    MPS: f"an MPS client reaches one GPU's control daemon: ask {GPU}: 1 per container",
+}
+
+
+def bare_count(request: ContainerRequest) -> bool:
+    """Only a GPU count was asked (vgpu reads that as whole GPUs)."""
+    return not request.memory_mib and not request.memory_percent and request.cores == FULL_COMPUTE
+
+
+def memory_needed(request: ContainerRequest, gpu: GpuState) -> int:
+    """MiB of one vgpu slice: as asked, a share of the card (after the reserve), an equal
+    share (schedulable memory / split count), or all of it."""
+    if request.equal_share:
+        return gpu.memory_mib // gpu.slots
+    if request.memory_mib:
+        return request.memory_mib
+    if request.memory_percent:
+        return gpu.base_memory_mib * request.memory_percent // 100
+    return gpu.base_memory_mib
+
+
+def slice_need(request: ContainerRequest, gpu: GpuState) -> tuple[int, int] | None:
+    """(memory MiB, compute percent) one slice of `request` holds on `gpu` in its mode, or
+    None when the mode cannot serve the request (`refusal` says why)."""
+    mode = gpu.device.sharing_mode
+    if mode == VGPU:
+        return memory_needed(request, gpu), request.cores
+    if mode == TIME_SLICING:
+        return (0, 0) if bare_count(request) else None
+    if mode == EXCLUSIVE:
+        whole = memory_needed(request, gpu) >= gpu.base_memory_mib
+        if whole and request.cores in (0, FULL_COMPUTE):
+            return gpu.base_memory_mib, gpu.compute
+        return None
+    if mode == MPS:
+        if request.gpus != 1:
+            return None
+        if bare_count(request):
+            replicas = max(1, gpu.slots)
+            return gpu.base_memory_mib // replicas, max(1, FULL_COMPUTE // replicas)
+        return memory_needed(request, gpu), request.cores
+    return None  # a mode this allocator does not know: never place on it
+
+
+def refusal(gpu: GpuState) -> str:
+    mode = gpu.device.sharing_mode
+    return REFUSALS.get(mode, f"GPU mode {mode!r} is unknown to this allocator")
+
+
+def mode_refusals(request: ContainerRequest, nodes: Iterable[NodeState]) -> str:
+    """ "; <mode> GPUs: <why>" for each sharing mode in `nodes` that refuses `request`."""
+    refused: dict[str, str] = {}
+    for node in nodes:
+        for gpu in node.gpus:
+            mode = gpu.sharing_mode
+            if mode != VGPU and mode not in refused and slice_need(request, gpu) is None:
+                refused[mode] = refusal(gpu)
+    return "".join(f"; {mode} GPUs refuse it: {why}" for mode, why in sorted(refused.items()))
