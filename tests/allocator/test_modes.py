@@ -33,6 +33,9 @@ def moded(node: str, mode: str, replicas: int, count: int = 2) -> NodeInventory:
 
 async def place(allocator: Allocator, http: Any, p: dict[str, Any], node: str) -> dict[str, Any]:
     admit_to_cluster(allocator, p)
+    # As kube-scheduler: filter first (bind trusts only what the filter passed), then bind.
+    _, passed = await post(http, f"{allocator.url}/scheduler/filter", filter_args(p, [node]))
+    assert passed["NodeNames"] == [node], passed
     status, result = await post(http, f"{allocator.url}/scheduler/bind", bind_args(p, node))
     assert status == 200 and not result.get("Error"), result
     uid = p["metadata"]["uid"]
