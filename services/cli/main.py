@@ -266,9 +266,10 @@ def allocator(config_file: str | None, **flags: Any) -> None:
 @click.option("--max-pods", type=int, default=None, help="Pods the node takes "
               "(default: 110 for simulated nodes).")  # fmt: skip
 # The 4paradigm vGPU device plugin's flags, with its meaning (docs/nodeagent.md).
+# AWS's virtual GPU plugin's --vgpu means the same: vGPUs (device IDs) per GPU.
 @click.option(
-    "--device-split-count", "split_count", type=int, default=None,
-    help="Tasks one GPU takes at most (device IDs per GPU; default 10).",
+    "--device-split-count", "--vgpu", "split_count", type=int, default=None,
+    help="Tasks one GPU takes at most (device IDs per GPU; default 10). --vgpu: AWS's name.",
 )  # fmt: skip
 @click.option(
     "--device-memory-scaling", "memory_scaling", type=float, default=None,
