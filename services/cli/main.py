@@ -141,6 +141,9 @@ def up(
                 click.echo(f"store      {state.nats_store_dir}  (kept at Ctrl-C; --fresh empties)")
             click.echo(f"extender   {state.extender_url}  (filter, prioritize, bind)")
             click.echo(f"allocator  {state.allocator_url}/allocations")
+            if cluster.allocator is not None and spec.admission_webhook:
+                click.echo(f"webhook    {cluster.allocator.webhook_url}/mutate  (pod CREATE, "
+                           "as deploy/k8s registers it)")  # fmt: skip
             click.echo(f"metrics    {state.metrics_url}/metrics")
             click.echo(f"dashboard  {state.metrics_url}/  (vgpu inspect for a table)")
             for node, url in state.kubelets.items():
