@@ -157,8 +157,8 @@ def test_agent_saying_nobody_else_uses_the_gpu_lifts_the_limit_under_share(
     print(f"\n{policy}: {r:.0f} launches/s, throttled {usage.throttled_ms} ms")
     if throttled:
         assert r < 500 and usage.throttled_ms > 250
-    else:
-        assert r > 550
+    else:  # never held (a loaded machine may still run it below the GPU's 1000/s)
+        assert usage.throttled_ms < 100 and r > 350, (r, usage.throttled_ms)
     assert usage.launches > 0
 
 
