@@ -163,6 +163,8 @@ def render_nodes(view: ClusterView, details: bool) -> list[str]:
             rows.append([node.name, _state(node), "-", "-", "-", "-", "-", "-", "-"])
         for position, gpu in enumerate(node.gpus):
             unhealthy = "" if gpu.healthy else " (unhealthy)"
+            if gpu.sharing_mode != "vgpu":  # docs/modes.md
+                unhealthy += f" [{gpu.sharing_mode} x{gpu.replicas}]"
             rows.append([
                 node.name if position == 0 else "",
                 _state(node) if position == 0 else "",

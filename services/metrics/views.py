@@ -59,6 +59,9 @@ class GpuView(msgspec.Struct, kw_only=True):
     memory_scaling: float = 1.0
     cores_scaling: float = 1.0
     oversubscribed: bool = False  # memory_scaling > 1: slices may exceed the card
+    # The GPU's sharing mode and, outside vgpu mode, its device IDs (docs/modes.md).
+    sharing_mode: str = "vgpu"
+    replicas: int = 0
 
 
 def gpu_scaling(gpu: GpuDevice, placed: float) -> tuple[float, float]:
@@ -261,6 +264,7 @@ class _Builder:
         return GpuView(
             memory_scaling=memory_scaling, cores_scaling=cores_scaling,
             oversubscribed=memory_scaling > 1,
+            sharing_mode=gpu.sharing_mode, replicas=gpu.replicas,
             uuid=gpu.uuid, index=gpu.index, model=gpu.model, healthy=gpu.healthy,
             memory_mib=gpu.memory_mib, memory_allocated_mib=memory,
             memory_used_mib=usage.memory_used_mib if usage else None,

@@ -50,6 +50,7 @@ from services.nodeagent.publisher import GpuSharing, HostCapacity, Publisher
 from services.nodeagent.registration import DevicePluginServer
 from services.nodeagent.relay import RelayHub
 from services.nodeagent.resolver import AllocateCall, AllocationResolver
+from services.nodeagent.resource_config import parse_resource_config
 from services.nodeagent.settings import (
     NodeAgentSettings,
     advertised_resource,
@@ -87,6 +88,14 @@ class NodeAgent:
         # What the kubelet sees: NVIDIA's rename / the fork's resource_config, else ours.
         self.resource_name = advertised_resource(settings)
         self._mps: MpsDaemons | None = None
+        rules = parse_resource_config(settings.resource_config) if settings.resource_config else []
+        mig_rules = [rule.source for rule in rules if rule.is_mig]
+        if mig_rules:
+            log.warning(
+                "resource_config MIG rules are checked but take effect once MIG devices are "
+                "served (docs/modes.md)",
+                extra={"node": settings.node_name, "rules": mig_rules},
+            )
         # Simulated GPUs are made now so a bad spec fails at once; NVML starts in start().
         if gpu_backend is None and settings.simulate:
             gpu_backend = backend_for(

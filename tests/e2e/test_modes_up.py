@@ -3,12 +3,15 @@ through the extender, the kubelet simulator and the node agent gets its devices 
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from services.cli.inspect import fetch_picture
+from services.cli.inspect import render as render_view
 from services.cli.local_cluster import LocalCluster, LocalClusterSpec
 from services.cli.submit import SubmitOutcome, load_pod, render, submit
 from services.nodeagent.grant import HOOK_CONTAINER_PATH, MPS_LOG_MOUNT, MPS_PIPE_MOUNT
@@ -61,6 +64,15 @@ async def test_time_slicing_mode_end_to_end() -> None:
         refused = await submit(named("half-gpu.yaml", "half"), cluster.state())
         assert refused.node is None
         assert "time-slicing" in refused.reason and "no memory or compute limit" in refused.reason
+        # The mode is in the inventory, so `vgpu inspect` shows it.
+        url = cluster.state().metrics_url
+        for _ in range(100):
+            view = await asyncio.to_thread(fetch_picture, url, 5.0)
+            if view.nodes and view.nodes[0].gpus:
+                break
+            await asyncio.sleep(0.05)
+        assert {(g.sharing_mode, g.replicas) for g in view.nodes[0].gpus} == {("time-slicing", 4)}
+        assert "[time-slicing x4]" in render_view(view)
 
 
 async def test_mps_mode_end_to_end() -> None:

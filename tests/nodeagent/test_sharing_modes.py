@@ -243,3 +243,25 @@ async def test_mps_daemon_that_cannot_start_stops_the_agent(
     with pytest.raises(RuntimeError, match="cannot run /nonexistent/nvidia-cuda-mps-control"):
         await agent.start()
     await asyncio.sleep(0)
+
+
+async def test_list_and_watch_marks_every_replica_of_an_unhealthy_gpu(
+    nats_server: EmbeddedNats, dirs: NodeDirs
+) -> None:
+    async with node(
+        nats_server.url, dirs, "nvidia.com/gpu", sharing_mode="time-slicing", sharing_replicas=3
+    ) as (kubelet, agent):
+        a, b = (gpu.uuid for gpu in agent.gpus)
+        agent.gpu_backend.set_healthy(b, False)  # type: ignore[attr-defined]
+        await agent.refresh_devices()
+        await wait_until(
+            lambda: kubelet.devices("nvidia.com/gpu").get(f"{b}::2") == "Unhealthy",
+            5, "the kubelet to see GPU b's replicas unhealthy",
+        )  # fmt: skip
+        health = kubelet.devices("nvidia.com/gpu")
+        assert {health[f"{b}::{n}"] for n in range(3)} == {"Unhealthy"}
+        assert {health[f"{a}::{n}"] for n in range(3)} == {"Healthy"}
+        # The kubelet hands out only healthy replicas: four pods fill GPU a's three, then fail.
+        for index in range(3):
+            assert gpus_of(await kubelet.admit(pod(f"p{index}", "nvidia.com/gpu"))) == [a]
+        assert not (await kubelet.admit(pod("p3", "nvidia.com/gpu"))).admitted
