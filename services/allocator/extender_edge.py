@@ -39,6 +39,10 @@ class _Refusals:
             )
 
 
+def allowed_clients(settings: AllocatorSettings) -> tuple[str, ...]:
+    return tuple(a.strip() for a in settings.extender_client_allowed.split(",") if a.strip())
+
+
 def mutual_tls(settings: AllocatorSettings) -> MutualTls:
     """The extender's TLS from the settings; ValueError naming what is missing or unreadable."""
     missing = [
@@ -56,7 +60,7 @@ def mutual_tls(settings: AllocatorSettings) -> MutualTls:
     )
     return MutualTls(
         ReloadingContext(files, settings.tls_reload_s),
-        tuple(settings.extender_client_allowed),
+        allowed_clients(settings),
         _Refusals(),
     )
 

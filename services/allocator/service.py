@@ -205,7 +205,7 @@ class Allocator:
         )
         log.info(
             "scheduler extender serving over mutual TLS",
-            extra={"url": self.extender_url, "clients": settings.extender_client_allowed},
+            extra={"url": self.extender_url, "clients": settings.extender_client_allowed or "any"},
         )
 
     async def _start_cluster_watch(self) -> None:

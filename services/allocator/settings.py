@@ -98,9 +98,9 @@ class AllocatorSettings(msgspec.Struct, kw_only=True, frozen=True):
     extender_cert_file: str = ""  # the extender's serving certificate and key
     extender_key_file: str = ""
     extender_client_ca_file: str = ""  # CA(s) whose client certificates are accepted
-    # Identities accepted among those: "CN=name", "O=group", "DNS:name", "URI:uri" or a bare
-    # name (CN or DNS SAN); empty = any certificate the client CA signed.
-    extender_client_allowed: list[str] = []
+    # Identities accepted among those, comma-separated: "CN=name", "O=group", "DNS:name",
+    # "URI:uri" or a bare name (CN or DNS SAN); empty = any certificate the client CA signed.
+    extender_client_allowed: str = ""
     tls_reload_s: Seconds = 5.0  # how often the TLS files are checked for a rotation
     # A bind is accepted only for a node the filter passed for the pod this recently.
     bind_window_s: Seconds = 300.0

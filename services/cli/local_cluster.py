@@ -27,6 +27,7 @@ from services.allocator.backend import LocalClusterBackend
 from services.allocator.service import Allocator
 from services.allocator.settings import AllocatorSettings
 from services.cli.local_api import LocalApiServer
+from services.cli.local_pki import CLIENT_NAME, LocalPki, make_local_pki
 from services.cli.local_tls import self_signed
 from services.cli.state import UpGpu, UpState
 from services.cli.supervisor import Backoff, supervise
@@ -86,6 +87,10 @@ class LocalClusterSpec:
     fresh: bool = False
     restart_backoff: Backoff = field(default_factory=Backoff)
     allocator_port: int = 8080
+    # The extender's HTTPS port (client certificates of `vgpu up`'s own CA); taken: any free.
+    extender_port: int = 9443
+    # Where that CA's certificates go ("" = the work directory); removed at stop.
+    tls_dir: str = ""
     metrics_port: int = 9400
     split_count: int = 10
     # How every node shares its GPUs (docs/modes.md): vgpu, time-slicing, mps or exclusive.
@@ -130,6 +135,8 @@ class LocalCluster:
         self.agents: dict[str, NodeAgent] = {}
         # Unix socket paths must stay under 108 bytes: keep the root short.
         self.work_dir = Path(tempfile.mkdtemp(prefix="vgpu-", dir="/tmp"))
+        self.tls_dir = Path(spec.tls_dir) if spec.tls_dir else self.work_dir / "tls"
+        self.pki: LocalPki | None = None
         self._started: list[Service] = []
         self._nats_supervisor: asyncio.Task[None] | None = None
 
@@ -159,6 +166,15 @@ class LocalCluster:
         nats_url = self.nats_url
 
         backend = LocalClusterBackend()
+        # The extender as deploy/k8s serves it: HTTPS, only the scheduler's client certificate.
+        pki = self.pki = make_local_pki(self.tls_dir)
+        extender: dict[str, object] = {
+            "extender_host": "127.0.0.1",
+            "extender_cert_file": pki.server_cert_file,
+            "extender_key_file": pki.server_key_file,
+            "extender_client_ca_file": pki.ca_file,
+            "extender_client_allowed": f"CN={CLIENT_NAME}",
+        }
         webhook: dict[str, object] = {}
         if spec.admission_webhook:
             cert = self_signed(self.work_dir / "webhook-tls", "vgpu-allocator.vgpu-system.svc")
@@ -166,7 +182,8 @@ class LocalCluster:
                        "tls_cert_file": cert.cert_file, "tls_key_file": cert.key_file}  # fmt: skip
         self.allocator = await self._run(
             lambda port: Allocator(
-                msgspec.convert({"nats_url": nats_url, "http_port": port, **webhook},
+                msgspec.convert({"nats_url": nats_url, "http_port": port, **webhook, **extender,
+                                 "extender_port": spec.extender_port if port else 0},
                                 AllocatorSettings), backend,
             ),
             spec.allocator_port, "allocator",
@@ -257,6 +274,10 @@ class LocalCluster:
             api_url=self.api.url,
             allocator_url=self.allocator.url,
             metrics_url=self.metrics.url,
+            extender_url=self.allocator.extender_url,
+            ca_file=self.pki.ca_file if self.pki else "",
+            client_cert_file=self.pki.client_cert_file if self.pki else "",
+            client_key_file=self.pki.client_key_file if self.pki else "",
             kubelets={name: kubelet.url for name, kubelet in self.kubelets.items()},
             work_dir=str(self.work_dir),
             pid=os.getpid(),
@@ -293,3 +314,5 @@ class LocalCluster:
             self.nats = None
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(self.work_dir)
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(self.tls_dir)  # its keys are of no use to anyone after the stop

@@ -76,6 +76,7 @@ def main() -> None:
 @click.option("--nodes", default=2, show_default=True, help="Simulated nodes.")
 @click.option("--simulate", default="4xA100-40GB", show_default=True, help="GPUs per node.")
 @click.option("--allocator-port", default=8080, show_default=True)
+@click.option("--extender-port", default=9443, show_default=True, help="HTTPS, client certs.")
 @click.option("--metrics-port", default=9400, show_default=True)
 @click.option("--otlp-endpoint", default="", envvar="VGPU_OTLP_ENDPOINT", help="Export traces.")
 @click.option("--log-level", default="warning", show_default=True)
@@ -96,6 +97,7 @@ def up(
     nodes: int,
     simulate: str,
     allocator_port: int,
+    extender_port: int,
     metrics_port: int,
     otlp_endpoint: str,
     log_level: str,
@@ -127,6 +129,7 @@ def up(
     spec = LocalClusterSpec(
         nodes=nodes, simulate=simulate, nats_url=nats_url, allocator_port=allocator_port,
         metrics_port=metrics_port, nats_store_dir=store, fresh=fresh, mode=mode,
+        extender_port=extender_port, tls_dir=str(path.with_name(f"{path.stem}-tls")),
     )  # fmt: skip
 
     async def run() -> None:
@@ -139,7 +142,12 @@ def up(
             click.echo(f"NATS       {state.nats_url}")
             if state.nats_store_dir:
                 click.echo(f"store      {state.nats_store_dir}  (kept at Ctrl-C; --fresh empties)")
-            click.echo(f"extender   {state.extender_url}  (filter, prioritize, bind)")
+            click.echo(
+                f"extender   {state.extender_url}  (filter, prioritize, bind; "
+                "client certificate required)"
+            )
+            click.echo(f"certs      CA {state.ca_file}")
+            click.echo(f"           client {state.client_cert_file} {state.client_key_file}")
             click.echo(f"allocator  {state.allocator_url}/allocations")
             if cluster.allocator is not None and spec.admission_webhook:
                 click.echo(f"webhook    {cluster.allocator.webhook_url}/mutate  (pod CREATE, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import ssl
 from pathlib import Path
 
 import msgspec
@@ -18,6 +19,13 @@ class UpState(msgspec.Struct, kw_only=True):
     api_url: str  # the local stand-in for the API server's pod endpoints
     allocator_url: str
     metrics_url: str
+    # The extender: HTTPS that takes only a client certificate of `vgpu up`'s own CA. The CA
+    # (to trust the extender) and the client certificate its scheduler emulation and
+    # `vgpu submit` present (curl --cacert ca_file --cert client_cert_file --key ...).
+    extender_url: str = ""
+    ca_file: str = ""
+    client_cert_file: str = ""
+    client_key_file: str = ""
     kubelets: dict[str, str]  # node name -> kubelet simulator URL
     work_dir: str
     pid: int
@@ -27,9 +35,13 @@ class UpState(msgspec.Struct, kw_only=True):
     sim_state_dirs: dict[str, str] = {}  # node -> the simulated devices' shared state
     nats_store_dir: str = ""  # the embedded NATS server's JetStream store (kept at Ctrl-C)
 
-    @property
-    def extender_url(self) -> str:
-        return f"{self.allocator_url}/scheduler"
+    def extender_ssl(self) -> ssl.SSLContext | None:
+        """The client side of the extender's mutual TLS (None for a plain-HTTP extender)."""
+        if not self.client_cert_file:
+            return None
+        context = ssl.create_default_context(cafile=self.ca_file)
+        context.load_cert_chain(self.client_cert_file, self.client_key_file)
+        return context
 
 
 class StateError(RuntimeError):

@@ -219,6 +219,7 @@ async def submit(
             managed_resources=frozenset(MANAGED_RESOURCES),
             api_url=state.api_url,
             scheduler_name=SCHEDULER_NAME,
+            ssl_context=state.extender_ssl(),
         )
         try:
             result = await scheduler.schedule(pod, sorted(state.kubelets))

@@ -52,7 +52,7 @@ class Pki:
             "extender_cert_file": str(self.root / "server.crt"),
             "extender_key_file": str(self.root / "server.key"),
             "extender_client_ca_file": str(self.ca_file),
-            "extender_client_allowed": [f"CN={SCHEDULER}"],
+            "extender_client_allowed": f"CN={SCHEDULER}, O=vgpu:operators",
             "tls_reload_s": 0.05,
         }
 

@@ -29,7 +29,12 @@ RELEASE_NAMESPACE = "kube-system"
 # Labels Helm charts put on their objects by convention; kustomize has no equivalent.
 HELM_LABELS = ("app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "helm.sh/chart")
 # ConfigMaps named after their content, by kustomize's generator and by the chart's helper.
-GENERATED = ("vgpu-nats-config", "vgpu-nats-credentials-script", "vgpu-scheduler-config")
+GENERATED = (
+    "vgpu-nats-config",
+    "vgpu-nats-credentials-script",
+    "vgpu-scheduler-config",
+    "vgpu-extender-certs-script",
+)
 _HASHED = re.compile(r"\b(" + "|".join(GENERATED) + r")-[a-z0-9]{10}\b")
 
 

@@ -42,6 +42,7 @@ SCHEMAS: dict[tuple[str, str], dict[Any, Any]] = {
             "issuerRef": {"name": str, "kind": str, "group": str},
             "privateKey": {"algorithm": str, "size": int, "encoding": str, "rotationPolicy": str},
             "usages": [str],
+            "subject": {"organizations": [str], "organizationalUnits": [str]},
         },
     },
 }  # fmt: skip

@@ -215,7 +215,7 @@ def test_hami_values_reach_every_component() -> None:
     assert (
         gpu_pods["urlPrefix"]
         == every_pod["urlPrefix"]
-        == (f"http://vgpu-allocator.{ns}.svc:8080/scheduler")
+        == (f"https://vgpu-allocator.{ns}.svc:9443/scheduler")
     )
     managed = {m["name"]: m["ignoredByScheduler"] for m in gpu_pods["managedResources"]}
     assert managed["example.com/vgpu"] is False
@@ -250,10 +250,14 @@ def test_generated_config_maps_change_name_with_their_content() -> None:
 def test_chart_files_are_the_kustomize_files() -> None:
     """The chart reads nats.conf and the credentials script through links into deploy/k8s, so
     there is one copy of each."""
-    for name in ("nats.conf", "nats_credentials.py"):
+    for name, folder in (
+        ("nats.conf", "nats"),
+        ("nats_credentials.py", "nats"),
+        ("extender_certs.py", "certs"),
+    ):
         link = CHART / "files" / name
         assert link.is_symlink()
-        assert link.resolve() == (K8S / "base" / "nats" / name).resolve()
+        assert link.resolve() == (K8S / "base" / folder / name).resolve()
 
 
 def test_schedulers_without_leader_election_must_be_one() -> None:

@@ -61,6 +61,9 @@ RUNTIME_SECRETS = {
         "allocator-url", "nodeagent-url", "metrics-url",
     },
     "vgpu-allocator-webhook-tls": {"ca", "cert", "key", "tls.crt", "tls.key", "ca.crt"},
+    # Written by base/certs/extender_certs.py or cert-manager (tests/deploy/test_extender_certs.py).
+    "vgpu-extender-tls": {"ca.crt", "tls.crt", "tls.key"},
+    "vgpu-scheduler-extender-client": {"ca.crt", "tls.crt", "tls.key"},
 }  # fmt: skip
 
 
@@ -304,13 +307,29 @@ def test_webhook_and_extender_reach_the_allocator(overlay: str) -> None:
     config = yaml.safe_load(
         find_generated(docs, "ConfigMap", "vgpu-scheduler-config-")["data"]["config.yaml"]
     )
+    scheduler = pod_spec(find(docs, "Deployment", "vgpu-scheduler"))
+    mounts = {m["mountPath"]: m["name"] for m in scheduler["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in scheduler["volumes"]}
+    allocator_mounts = {
+        m["mountPath"]: m["name"] for m in pod_spec(allocator)["containers"][0]["volumeMounts"]
+    }
+    allocator_volumes = {v["name"]: v for v in pod_spec(allocator)["volumes"]}
     for extender in config["extenders"]:  # GPU pods (filter, bind); every pod (prioritize)
         url = urlsplit(extender["urlPrefix"])
-        assert url.scheme == "http" and url.path == "/scheduler"
+        assert url.scheme == "https" and url.path == "/scheduler"
         assert url.hostname == f"vgpu-allocator.{NAMESPACE}.svc"
-        assert _container_port(allocator, _service_port(service, url.port or 80)) == int(
-            env["VGPU_HTTP_PORT"]
+        assert _container_port(allocator, _service_port(service, url.port or 443)) == int(
+            env["VGPU_EXTENDER_PORT"]
         )
+        # kube-scheduler's files come from its client Secret, the allocator's from its own.
+        for path in extender["tlsConfig"].values():
+            volume = volumes[mounts[path.rsplit("/", 1)[0]]]
+            assert volume["secret"]["secretName"] == "vgpu-scheduler-extender-client"
+    for name in ("CERT_FILE", "KEY_FILE", "CLIENT_CA_FILE"):
+        volume = allocator_volumes[allocator_mounts[env[f"VGPU_EXTENDER_{name}"].rsplit("/", 1)[0]]]
+        assert volume["secret"]["secretName"] == "vgpu-extender-tls"
+        assert "items" not in volume["secret"]  # whole, so a renewal reaches the files
+    assert env["VGPU_EXTENDER_CLIENT_ALLOWED"] == "CN=vgpu-scheduler"
 
 
 @overlays

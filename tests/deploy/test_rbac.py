@@ -28,6 +28,8 @@ EXPECTED: dict[str, set[Permission]] = {
     | _grants(NAMESPACE, "", "secrets", "get patch", "vgpu-nats-credentials"),
     "vgpu-webhook-certgen": _grants(NAMESPACE, "", "secrets", "create")
     | _grants(NAMESPACE, "", "secrets", "get", "vgpu-allocator-webhook-tls")
+    | _grants(NAMESPACE, "", "secrets", "get update", "vgpu-extender-tls")
+    | _grants(NAMESPACE, "", "secrets", "get update", "vgpu-scheduler-extender-client")
     | _grants(
         "cluster",
         "admissionregistration.k8s.io",

@@ -38,9 +38,22 @@ def test_gpu_pods_are_filtered_and_bound_by_the_extender_with_node_names_only() 
     assert gpu_pods["bindVerb"] == "bind"
     assert "prioritizeVerb" not in gpu_pods  # the every-pod entry scores GPU pods too
     assert gpu_pods["nodeCacheCapable"] is True
-    assert gpu_pods["enableHTTPS"] is False
     assert gpu_pods["ignorable"] is False
     assert gpu_pods["httpTimeout"] == "5s"
+
+
+def test_the_extender_is_called_over_https_with_a_client_certificate() -> None:
+    """Issue 20: only kube-scheduler may place and bind, so it proves who it is; the files are
+    the Secret vgpu-scheduler-extender-client's (tests/deploy/test_manifests.py mounts them)."""
+    for entry in _extenders():
+        assert entry["urlPrefix"].startswith("https://")
+        assert entry["enableHTTPS"] is True
+        assert entry["tlsConfig"] == {
+            "certFile": "/etc/vgpu/extender-client/tls.crt",
+            "keyFile": "/etc/vgpu/extender-client/tls.key",
+            "caFile": "/etc/vgpu/extender-client/ca.crt",
+        }
+        assert "insecure" not in entry["tlsConfig"]
 
 
 def test_every_pod_is_scored_by_the_extender() -> None:

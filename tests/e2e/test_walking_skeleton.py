@@ -103,7 +103,8 @@ async def test_an_unknown_node_is_named_in_failed_nodes(cluster: LocalCluster) -
     pod = load_pod(EXAMPLES / "half-gpu.yaml")
     assert cluster.allocator is not None
     cluster.allocator.backend.add_pod(pod)  # as `vgpu submit` creates it in the local API
-    scheduler = SchedulerSimulator(cluster.state().extender_url)
+    state = cluster.state()
+    scheduler = SchedulerSimulator(state.extender_url, ssl_context=state.extender_ssl())
     try:
         alone = await scheduler.schedule(pod, ["node-9"])
         mixed = await scheduler.schedule(pod, ["node-9", "node-1"])

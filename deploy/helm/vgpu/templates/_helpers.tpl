@@ -43,6 +43,10 @@ changed file gives a new name, so the pods that mount it roll. */}}
 {{ include "vgpu.hashedName" (list "vgpu-nats-credentials-script" (.Files.Get "files/nats_credentials.py")) }}
 {{- end }}
 
+{{- define "vgpu.extenderCertsScriptName" -}}
+{{ include "vgpu.hashedName" (list "vgpu-extender-certs-script" (.Files.Get "files/extender_certs.py")) }}
+{{- end }}
+
 {{- define "vgpu.schedulerConfigName" -}}
 {{ include "vgpu.hashedName" (list "vgpu-scheduler-config" (include "vgpu.schedulerConfig" .)) }}
 {{- end }}

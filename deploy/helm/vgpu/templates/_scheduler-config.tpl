@@ -3,7 +3,7 @@ deploy/k8s/base/scheduler/config.yaml, which this renders to with the default va
 extender entries, both the allocator: GPU pods (filter, bind; every resource name the
 allocator reads is managed) and every pod (prioritize, weight 60, ignorable). */}}
 {{- define "vgpu.schedulerConfig" -}}
-{{- $url := printf "http://%s:8080/scheduler" (include "vgpu.allocatorHost" .) -}}
+{{- $url := printf "https://%s:9443/scheduler" (include "vgpu.allocatorHost" .) -}}
 {{- $v := .Values -}}
 {{- $slice := list $v.resourceMem $v.resourceMemPercentage $v.resourceCores $v.resourcePriority -}}
 {{- $peers := list "volcano.sh/vgpu-number" "volcano.sh/vgpu-memory" "volcano.sh/vgpu-memory-percentage" "volcano.sh/vgpu-cores" "aliyun.com/gpu-mem" "tencent.com/vcuda-core" "tencent.com/vcuda-memory" "docker.com/vcuda-core" "docker.com/vcuda-memory" "k8s.amazonaws.com/vgpu" -}}
@@ -20,7 +20,11 @@ extenders:
 - urlPrefix: {{ $url }}
   filterVerb: filter
   bindVerb: bind
-  enableHTTPS: false
+  enableHTTPS: true
+  tlsConfig:
+    certFile: /etc/vgpu/extender-client/tls.crt
+    keyFile: /etc/vgpu/extender-client/tls.key
+    caFile: /etc/vgpu/extender-client/ca.crt
   httpTimeout: 5s
   nodeCacheCapable: true
   ignorable: false
@@ -34,7 +38,11 @@ extenders:
 - urlPrefix: {{ $url }}
   prioritizeVerb: prioritize
   weight: 60
-  enableHTTPS: false
+  enableHTTPS: true
+  tlsConfig:
+    certFile: /etc/vgpu/extender-client/tls.crt
+    keyFile: /etc/vgpu/extender-client/tls.key
+    caFile: /etc/vgpu/extender-client/ca.crt
   httpTimeout: 5s
   nodeCacheCapable: true
   ignorable: true

@@ -1,0 +1,1 @@
+../../../k8s/base/certs/extender_certs.py
