@@ -46,11 +46,15 @@ def stop_up(process: subprocess.Popen[str]) -> str:
 
 
 def nats_servers_of(pid: int) -> list[int]:
-    return [
-        child
-        for child in children_of(pid)
-        if Path(f"/proc/{child}/comm").read_text().strip() == "nats-server"
-    ]
+    found = []
+    for child in children_of(pid):
+        try:
+            name = Path(f"/proc/{child}/comm").read_text().strip()
+        except FileNotFoundError:
+            continue  # exited (and was reaped) since it was listed: the killed server
+        if name == "nats-server":
+            found.append(child)
+    return found
 
 
 def booked_pods(state: Path) -> set[str]:
