@@ -16,12 +16,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 import yaml
 
 from services.allocator.settings import AllocatorSettings
+from services.cli.main import main as vgpu
 from services.common.config import load_settings
-from services.nodeagent.settings import NodeAgentSettings
+from services.nodeagent.settings import NodeAgentSettings, load_node_agent_settings
 from tests.deploy.chart import (
     CHART,
     differences,
@@ -120,9 +122,9 @@ def test_chart_lints_clean() -> None:
 
 
 def test_every_template_renders_for_some_values() -> None:
-    """No template is dead: each one renders objects for the defaults or an option above."""
+    """No template is dead: each one renders objects for the defaults or an option."""
     used: set[str] = set()
-    for values in [*OVERLAY_VALUES.values(), *COMPONENT_VALUES.values()]:
+    for values in [*OVERLAY_VALUES.values(), *COMPONENT_VALUES.values(), *OPTION_VALUES.values()]:
         used |= templates_used(values)
     assert used == {p.name for p in (CHART / "templates").glob("*.yaml")}
 
@@ -344,7 +346,9 @@ OPTION_VALUES: dict[str, dict[str, Any]] = {
         "global": {"imagePullSecrets": [{"name": "regcred"}]},
         "scheduler": {"certManager": {"enabled": True}, "leaderElect": False, "replicas": 1},
         "devicePlugin": {"peerNodeLabels": True, "runtimeClassName": "nvidia",
-                         "failOnInitError": False, "onViolation": "kill"},
+                         "failOnInitError": False, "onViolation": "kill",
+                         "migStrategy": "mixed", "passDeviceSpecsEnabled": True,
+                         "config": {"map": {"config.yaml": "version: v1\n"}}},
         "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
         "nats": {"storageClassName": "fast-ssd"},
         "networkPolicy": {"apiServerCIDRs": ["10.0.0.0/28"]},
@@ -441,3 +445,91 @@ def test_peer_node_labels_bring_the_agent_to_tencent_and_aws_gpu_nodes(work_dir:
                 "DaemonSet", "vgpu-node-agent")  # fmt: skip
     assert _runs_on(hami, {**GFD_NODE, "gpu": "on"})
     assert not _runs_on(hami, GFD_NODE) and not _runs_on(hami, {"gpu": "on"})
+
+
+# NVIDIA's time-slicing example as an operator keeps it in a ConfigMap.
+NVIDIA_CONFIG = """\
+version: v1
+flags:
+  migStrategy: single
+  failOnInitError: true
+sharing:
+  timeSlicing:
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 4
+"""
+
+
+def _agent_settings(docs: list[dict[str, Any]], files: Path) -> NodeAgentSettings:
+    """The node agent's settings as it would load them in its pod: environment, flags, and
+    the mounted NVIDIA config file (its ConfigMap written under `files`)."""
+    agent_spec = pod_spec(find(docs, "DaemonSet", "vgpu-node-agent"))
+    container = agent_spec["containers"][0]
+    env = {k: v if isinstance(v, str) else "x" for k, v in env_of(container).items()}
+    if "CONFIG_FILE" in env:
+        (volume,) = [v for v in agent_spec["volumes"] if v["name"] == "device-plugin-config"]
+        config_map = find(docs, "ConfigMap", volume["configMap"]["name"])
+        key = volume["configMap"]["items"][0]["key"]
+        (files / key).write_text(config_map["data"][key])
+        assert env["CONFIG_FILE"].rpartition("/")[2] == key
+        env["CONFIG_FILE"] = str(files / key)
+    # The flags as `vgpu node-agent` parses them and hands them to the same loader.
+    command = vgpu.get_command(click.Context(vgpu), "node-agent")
+    assert command is not None
+    params = command.make_context("node-agent", list(container.get("args", []))).params
+    flags = {k: v for k, v in params.items()
+             if v is not None and k not in ("config_file", "nvidia_config_file")}  # fmt: skip
+    return load_node_agent_settings(environ=env, flags=flags)
+
+
+def test_nvidia_config_file_reaches_the_agent_unchanged(work_dir: Path) -> None:
+    """devicePlugin.config.map: the operator's NVIDIA file goes into a ConfigMap, is mounted,
+    and the agent reads it as NVIDIA's plugin would; chart values win over it, as NVIDIA's
+    flags win over its file."""
+    docs = render_chart({"devicePlugin": {"config": {"map": {"time-slicing.yaml": NVIDIA_CONFIG}}}})
+    settings = _agent_settings(docs, work_dir)
+    assert (settings.sharing_mode, settings.sharing_replicas) == ("time-slicing", 4)
+    assert settings.mig_strategy == "single"  # from the file: the chart left it alone
+    docs = render_chart({"devicePlugin": {"migStrategy": "mixed", "passDeviceSpecsEnabled": True,
+                                          "config": {"map": {"a.yaml": NVIDIA_CONFIG,
+                                                             "b.yaml": "version: v1\n"},
+                                                     "default": "a.yaml"}}})  # fmt: skip
+    settings = _agent_settings(docs, work_dir)
+    assert (settings.mig_strategy, settings.pass_device_specs) == ("mixed", True)
+    assert settings.sharing_mode == "time-slicing"
+    # A new file is a new ConfigMap name: the agents roll and read it.
+    first = find_generated(docs, "ConfigMap", "vgpu-device-plugin-config-")
+    edited = {"devicePlugin": {"config": {"map": {"a.yaml": "version: v1\n"}}}}
+    second = find_generated(render_chart(edited), "ConfigMap", "vgpu-device-plugin-config-")
+    assert first["metadata"]["name"] != second["metadata"]["name"]
+
+
+def test_an_existing_nvidia_config_map_is_mounted_by_name(work_dir: Path) -> None:
+    docs = render_chart({"devicePlugin": {"config": {"name": "nvidia-plugin-configs",
+                                                     "default": "any"}}})  # fmt: skip
+    agent_spec = pod_spec(find(docs, "DaemonSet", "vgpu-node-agent"))
+    (volume,) = [v for v in agent_spec["volumes"] if v["name"] == "device-plugin-config"]
+    assert volume["configMap"] == {"name": "nvidia-plugin-configs",
+                                   "items": [{"key": "any", "path": "any"}]}  # fmt: skip
+    assert (
+        env_of(agent_spec["containers"][0])["CONFIG_FILE"] == "/etc/vgpu/device-plugin-config/any"
+    )
+    assert not [d for d in docs if d["metadata"]["name"].startswith("vgpu-device-plugin-config")]
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"map": {"a": "x", "b": "y"}}, "devicePlugin.config.default: name the file to use"),
+        ({"name": "mine"}, "devicePlugin.config.default: name the file to use"),
+        ({"map": {"a": "x"}, "default": "b"}, '"b" is not a key of devicePlugin.config.map'),
+        ({"map": {"a": "x"}, "name": "mine"}, "give map (the files) or name"),
+    ],
+)
+def test_a_config_that_names_no_single_file_is_refused(
+    config: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(Exception) as refused:
+        render_chart({"devicePlugin": {"config": config}})
+    assert message in str(refused.value)

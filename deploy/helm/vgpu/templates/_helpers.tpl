@@ -101,3 +101,28 @@ peers' labels with devicePlugin.peerNodeLabels. */}}
     values: [{{ .value | quote }}]
 {{- end }}
 {{- end }}
+
+{{/* NVIDIA's device-plugin config file the node agent reads, as {name, key} of its ConfigMap,
+or nothing. devicePlugin.config.map (inline files, as NVIDIA's chart takes them) makes the
+ConfigMap; config.name names one that exists. The file used is config.default, or the only
+one. */}}
+{{- define "vgpu.devicePluginConfig" -}}
+{{- $c := .Values.devicePlugin.config -}}
+{{- if and $c.map $c.name }}
+{{- fail "devicePlugin.config: give map (the files) or name (an existing ConfigMap), not both" }}
+{{- end }}
+{{- if or $c.map $c.name }}
+{{- $key := $c.default }}
+{{- if and (not $key) $c.map (eq (len $c.map) 1) }}
+{{- $key = keys $c.map | first }}
+{{- end }}
+{{- if not $key }}
+{{- fail "devicePlugin.config.default: name the file to use (a key of the ConfigMap); per-node selection by label is not supported" }}
+{{- end }}
+{{- if and $c.map (not (hasKey $c.map $key)) }}
+{{- fail (printf "devicePlugin.config.default: %q is not a key of devicePlugin.config.map" $key) }}
+{{- end }}
+name: {{ $c.name | default (include "vgpu.hashedName" (list "vgpu-device-plugin-config" (toJson $c.map))) }}
+key: {{ $key }}
+{{- end }}
+{{- end }}
