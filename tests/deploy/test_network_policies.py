@@ -93,12 +93,13 @@ def test_only_the_scheduler_reaches_the_extender(rendering: str) -> None:
     others = [_pod_source(w) for w in _workloads(docs) if w["metadata"]["name"] != "vgpu-scheduler"]
     for source in [*others, TENANT, API_SERVER]:
         assert not allowed(docs, allocator, port, source), f"{source} reaches the extender"
-    # Prometheus scrapes every allocator's /metrics, which is served on the extender's port
-    # until the extender has one of its own; nobody else does.
+    # Prometheus scrapes every allocator's /metrics on a port of its own, and only that one.
     monitor_port = find(render("overlays/servicemonitor"), "PodMonitor", "vgpu-allocator")
     metrics_port = monitor_port["spec"]["podMetricsEndpoints"][0]["port"]
+    assert metrics_port != port
     assert allowed(docs, allocator, metrics_port, PROMETHEUS)
-    assert allowed(docs, allocator, port, PROMETHEUS) == (metrics_port == port)
+    assert not allowed(docs, allocator, port, PROMETHEUS)
+    assert not allowed(docs, allocator, metrics_port, TENANT)
 
 
 @renderings
