@@ -9,6 +9,7 @@ and bind, all-zero scores for prioritize, which kube-scheduler would ignore anyw
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,6 +19,7 @@ from aiohttp import web
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
 
+from services.common.http_server import bounded_app
 from services.common.quantity import QuantityError
 from services.common.tracing import context_from_headers, current_traceparent, tracer
 
@@ -52,8 +54,15 @@ EXTENDER_LATENCY = Histogram(
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
 
-# kube-scheduler sends whole v1.Node objects when nodeCacheCapable is false: allow big bodies.
+# kube-scheduler sends whole v1.Node objects when nodeCacheCapable is false: allow big bodies
+# (the setting max_body_bytes; 413 past it).
 MAX_BODY_BYTES = 64 * 1024 * 1024
+# Bodies larger than this are decoded in a worker thread (decoding only reads the bytes), and
+# filters over more nodes than FILTER_SLICE are judged a slice at a time, giving the event
+# loop back in between: the lease keeps renewing and /healthz keeps answering while a
+# 100,000-node request is served (docs/operations.md, "A huge extender request").
+THREAD_DECODE_BYTES = 256 * 1024
+FILTER_SLICE = 2048
 
 VerbResult = tuple[Any, str]  # (JSON-able answer, outcome label)
 Verb = Callable[[bytes], Awaitable[VerbResult]]
@@ -124,9 +133,43 @@ def _serve_verb(
                 return _json(fallback(body, f"internal error in {name}; see allocator logs"))
             EXTENDER_CALLS.labels(verb=name, outcome=outcome).inc()
             span.set_attribute("vgpu.outcome", outcome)
-            return _json(answer)
+            return await _answer(answer, len(body))
 
     return handle
+
+
+async def _parse_args(body: bytes) -> wire.ExtenderArgs:
+    if len(body) > THREAD_DECODE_BYTES:
+        return await asyncio.to_thread(wire.parse_extender_args, body)
+    return wire.parse_extender_args(body)
+
+
+async def filter_in_slices(
+    engine: PlacementEngine, pod: dict[str, Any], node_names: list[str]
+) -> FilterOutcome:
+    """engine.filter over every node, FILTER_SLICE nodes at a time, yielding in between.
+    Each node is judged on its own, so the slices' outcomes together are the whole one."""
+    names = list(dict.fromkeys(node_names))
+    if len(names) <= FILTER_SLICE:
+        return engine.filter(pod, names)
+    outcome = FilterOutcome()
+    for start in range(0, len(names), FILTER_SLICE):
+        part = engine.filter(pod, names[start : start + FILTER_SLICE])
+        outcome.passed.extend(part.passed)
+        outcome.failed.update(part.failed)
+        outcome.unresolvable.update(part.unresolvable)
+        await asyncio.sleep(0)  # let the lease, /healthz and other requests run
+    return outcome
+
+
+async def _answer(answer: Any, request_bytes: int) -> web.Response:
+    """The answer grows with the request: a big one is encoded in a worker thread (the
+    answer is this request's alone, so nothing else touches it meanwhile)."""
+    if request_bytes > THREAD_DECODE_BYTES:
+        body = await asyncio.to_thread(msgspec.json.encode, answer)
+    else:
+        body = msgspec.json.encode(answer)
+    return web.Response(body=body, content_type="application/json")
 
 
 def build_app(
@@ -138,13 +181,14 @@ def build_app(
     verbs: bool = True,
     endpoints: bool = True,
     middlewares: tuple[Any, ...] = (),
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> web.Application:
     """The scheduler verbs (``verbs``) and health, metrics and allocations (``endpoints``):
     one application, or two when the verbs are served apart over mutual TLS."""
 
     async def filter_verb(body: bytes) -> VerbResult:
-        args = wire.parse_extender_args(body)
-        outcome = engine.filter(args.pod, args.node_names)
+        args = await _parse_args(body)
+        outcome = await filter_in_slices(engine, args.pod, args.node_names)
         if on_filtered is not None and not outcome.passed:
             await on_filtered(args.pod, outcome)
         log.debug(
@@ -159,7 +203,7 @@ def build_app(
         return wire.filter_result(args, outcome), "fit" if outcome.passed else "no_fit"
 
     async def prioritize_verb(body: bytes) -> VerbResult:
-        args = wire.parse_extender_args(body)
+        args = await _parse_args(body)
         return wire.host_priority_list(engine.prioritize(args.pod, args.node_names)), "ok"
 
     async def bind_verb(body: bytes) -> VerbResult:
@@ -203,7 +247,7 @@ def build_app(
     async def allocations(_: web.Request) -> web.Response:
         return _json(engine.allocations())
 
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=list(middlewares))
+    app = bounded_app("extender", max_body_bytes, error_key="Error", middlewares=middlewares)
     if verbs:
         post = app.router.add_post
         post("/scheduler/filter", _serve_verb("filter", filter_verb, _filter_fallback))

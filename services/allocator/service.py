@@ -180,7 +180,14 @@ class Allocator:
         settings = self.settings
         apart = settings.extender_port >= 0
         self._runner, self._port = await serve(
-            build_app(self.engine, self._health, self._ready, self._on_filtered, verbs=not apart),
+            build_app(
+                self.engine,
+                self._health,
+                self._ready,
+                self._on_filtered,
+                verbs=not apart,
+                max_body_bytes=settings.max_body_bytes,
+            ),
             settings.http_host,
             settings.http_port,
         )
@@ -199,6 +206,7 @@ class Allocator:
             self._on_filtered,
             endpoints=False,
             middlewares=(identity_middleware(tls),),
+            max_body_bytes=self.settings.max_body_bytes,
         )
         self._extender_runner, self._extender_port = await serve_mutual_tls(
             app, settings.extender_host, settings.extender_port, tls

@@ -28,7 +28,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import Counter
 
-from services.common.http_server import serve
+from services.common.http_server import bounded_app, serve
 from services.common.quantity import QuantityError
 from services.common.resources import (
     KAI_FRACTION,
@@ -39,6 +39,7 @@ from services.common.resources import (
     container_requests,
     normalized_limits,
 )
+from services.common.utf8 import utf8_problem
 
 from . import gpushare
 from .core import PlacementCore
@@ -155,6 +156,9 @@ def review(
     adopt: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """An AdmissionReview answer for an AdmissionReview request; BadReview if malformed."""
+    problem = utf8_problem(body, "AdmissionReview")
+    if problem:
+        raise BadReview(problem)
     try:
         document = json.loads(body)
     except ValueError as exc:
@@ -216,7 +220,9 @@ class WebhookServer:
             raise RuntimeError("the admission webhook needs tls_cert_file and tls_key_file")
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
-        app = web.Application()
+        app = bounded_app(
+            "webhook", settings.webhook_max_body_bytes, setting="webhook_max_body_bytes"
+        )
         app.router.add_post("/mutate", self._mutate)
         self._runner, self._port = await serve(
             app, settings.webhook_host, settings.webhook_port, ssl_context=context

@@ -11,6 +11,8 @@ from typing import Any
 
 import msgspec
 
+from services.common.utf8 import utf8_problem
+
 from .core import FilterOutcome
 
 
@@ -33,11 +35,19 @@ class BindingArgs:
     node: str
 
 
+def _not_utf8(body: bytes, what: str) -> BadRequest:
+    return BadRequest(utf8_problem(body, what) or f"{what}: not valid UTF-8")
+
+
 def decode_object(body: bytes, what: str) -> dict[str, Any]:
     try:
         decoded = msgspec.json.decode(body)
+    except UnicodeDecodeError as exc:  # a string that is not UTF-8: name its field
+        raise _not_utf8(body, what) from exc
     except msgspec.DecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+        raise BadRequest(
+            utf8_problem(body, what) or f"request body is not valid JSON: {exc}"
+        ) from exc
     if not isinstance(decoded, dict):
         raise BadRequest(f"{what}: expected a JSON object, got {_kind(decoded)}")
     return decoded
@@ -119,6 +129,8 @@ def parse_extender_args(body: bytes) -> ExtenderArgs:
     """ExtenderArgs for filter and prioritize: NodeNames (node cache) or Nodes (NodeList)."""
     try:
         fast = _node_cache_decoder.decode(body)
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(body, "ExtenderArgs") from exc
     except (msgspec.DecodeError, msgspec.ValidationError):
         fast = None  # not the common form, or malformed: the field-by-field path says which
     if fast is not None and "" not in fast.NodeNames:

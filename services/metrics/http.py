@@ -26,6 +26,7 @@ from opentelemetry.trace import SpanKind
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from services.common.http_server import bounded_app
 from services.common.tracing import context_from_headers, tracer
 from services.metrics.stream import ChangeStream, frame
 from services.metrics.views import ClusterView, find_pod
@@ -63,15 +64,17 @@ class MetricsHttp:
         registry: CollectorRegistry,
         nats_connected: Callable[[], bool],
         bus_details: Callable[[], dict[str, Any]] = dict,
+        max_body_bytes: int = 64 * 1024,
     ) -> None:
         self._view = view
         self._stream = stream
         self._registry = registry
         self._nats_connected = nats_connected
         self._bus_details = bus_details  # where the bus is and since when it is down
+        self._max_body_bytes = max_body_bytes
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[_traced])
+        app = bounded_app("metrics", self._max_body_bytes, middlewares=(_traced,))
         app.add_routes(
             [
                 web.get("/metrics", self._metrics),

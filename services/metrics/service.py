@@ -110,6 +110,7 @@ class MetricsService:
         http = MetricsHttp(
             self.view, self.stream, self._registry, lambda: bus.client.is_connected,
             lambda: {"nats_url": nats_url, "nats_down_since": bus.down_since},
+            self.settings.max_body_bytes,
         )  # fmt: skip
         self._runner, self._port = await serve(
             http.app(), self.settings.http_host, self.settings.http_port, shutdown_timeout=2.0

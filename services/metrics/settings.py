@@ -15,5 +15,7 @@ class MetricsSettings(msgspec.Struct, kw_only=True):
     kv_timeout_s: float = 5.0  # give up rebuilding from KV after this long (events still flow)
     hami_metrics: bool = True  # also serve HAMi's metric names (hami_*)
     hami_legacy_metrics: bool = True  # and HAMi's older names (HostGPUMemoryUsage, ...)
+    # It takes no request bodies (every route is a GET): anything past this is refused 413.
+    max_body_bytes: int = 64 * 1024
     otlp_endpoint: str = ""
     log_level: str = "info"

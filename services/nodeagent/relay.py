@@ -4,8 +4,11 @@ The agent listens on `relay.sock` in the container's state directory (the contai
 at /var/run/vgpu-state/relay.sock) once it knows whose directory it is, so
 whatever arrives there speaks for that container and nobody else: names sent by the hook are
 never trusted, and device indexes are checked against the container's own limits. A bad line
-(oversized, malformed, out of order) closes that one connection and is counted; nothing a
-hook sends can stop the agent. What the hooks report is republished as ContainerUsage, at
+(oversized, not UTF-8, malformed, out of order, a figure larger than the device) closes that
+one connection and is counted by reason; nothing a hook sends can stop the agent. Each
+container may hold `max_connections` connections (16 by default, one per CUDA process); more
+are refused and counted, and the refusals are logged at most once a minute per container.
+What the hooks report is republished as ContainerUsage, at
 most once per `publish_interval_s` per container, with the SM share NVML measured for the
 container's processes; containers without a hook connection are published from NVML alone.
 """
@@ -28,6 +31,7 @@ from prometheus_client import Counter, Gauge
 
 from services.common import subjects
 from services.common.bus import Bus
+from services.common.rate_log import RateLimitedLog
 from services.common.schemas import ContainerDeviceUsage, ContainerUsage, GpuUsage
 from services.nodeagent.container_files import state_dir
 from services.nodeagent.containers import ResolvedContainer
@@ -47,7 +51,11 @@ from services.nodeagent.relay_protocol import (
 log = logging.getLogger("vgpu.nodeagent")
 
 SOCKET_NAME = "relay.sock"
-MAX_CONNECTIONS_PER_CONTAINER = 256  # one per CUDA process; more is a runaway container
+MAX_CONNECTIONS_PER_CONTAINER = 16  # one per CUDA process; more is a runaway container
+# No hook can report more memory than this on one device whose size the agent does not know
+# (1 PiB in MiB): a last bound, so that no figure like 10^12 MiB ever reaches the metrics.
+UNKNOWN_DEVICE_CEILING_MIB = 1 << 30
+REFUSAL_LOG_INTERVAL_S = 60.0
 MAX_PENDING_UTIL_BYTES = 16 * 1024  # a hook that does not read gets no more util lines
 
 RELAY_REJECTED = Counter(
@@ -132,10 +140,15 @@ class RelayHub:
         attributor: ProcessAttributor | None = None,
         publish_interval_s: float = 1.0,
         util_interval_s: float = 0.5,
+        device_memory_mib: dict[str, int] | None = None,
+        max_connections: int = MAX_CONNECTIONS_PER_CONTAINER,
     ) -> None:
         self._node = node_name
         self._bus = bus
         self._host_index = host_index or {}
+        self._device_memory = dict(device_memory_mib or {})  # GPU uuid -> physical MiB
+        self._max_connections = max_connections
+        self._refusals = RateLimitedLog(log, REFUSAL_LOG_INTERVAL_S)
         self._attributor = attributor
         self._publish_s = publish_interval_s
         self._util_s = util_interval_s
@@ -237,8 +250,13 @@ class RelayHub:
         self, listener: _Listener, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         container = listener.container
-        if len(listener.connections) >= MAX_CONNECTIONS_PER_CONTAINER:
-            self._reject(container, "too_many_connections", "connection limit reached")
+        if len(listener.connections) >= self._max_connections:
+            self._reject(
+                container,
+                "too_many_connections",
+                f"the container already holds {len(listener.connections)} connections "
+                f"(the limit, setting relay_max_connections)",
+            )
             writer.close()
             return
         connection = _Connection(writer, peer_pid(writer))
@@ -284,7 +302,34 @@ class RelayHub:
             raise RelayProtocolError(
                 "malformed", f"device index {bad[0]} is out of range: the container has {count}"
             )
+        self._check_sizes(container, message)
         return message
+
+    def _ceiling_mib(self, container: ResolvedContainer, index: int) -> int:
+        """The most memory a hook may report on the container's device `index`: the device's
+        size, or the container's limit where that is larger (oversubscribed memory)."""
+        limit = container.limits.devices[index]
+        size = self._device_memory.get(limit.uuid, 0)
+        if not size and not limit.memory_limit_mib:
+            return UNKNOWN_DEVICE_CEILING_MIB
+        return max(size, limit.memory_limit_mib)
+
+    def _check_sizes(self, container: ResolvedContainer, message: HookMessage) -> None:
+        """Refuse figures no device of this container can hold (10^12 MiB and the like)."""
+        for device in getattr(message, "devices", []):
+            figures = (
+                ("limit_mib", getattr(device, "limit_mib", 0)),
+                ("used_mib", getattr(device, "used_mib", 0)),
+                ("process_used_mib", getattr(device, "process_used_mib", 0)),
+            )
+            ceiling = self._ceiling_mib(container, device.index)
+            for name, value in figures:
+                if value > ceiling:
+                    raise RelayProtocolError(
+                        "over_device_size",
+                        f"devices[{device.index}].{name} = {value} MiB is more than the "
+                        f"device holds ({ceiling} MiB)",
+                    )
 
     def _accept(self, listener: _Listener, connection: _Connection, message: HookMessage) -> None:
         RELAY_MESSAGES.labels(node=self._node, type=type(message).__name__.lower()).inc()
@@ -313,9 +358,16 @@ class RelayHub:
 
     def _reject(self, container: ResolvedContainer, reason: str, message: str) -> None:
         RELAY_REJECTED.labels(node=self._node, reason=reason).inc()
-        log.warning(
-            "relay connection closed: " + message,
-            extra={"node": self._node, "container": container.name, "reason": reason},
+        limits = container.limits
+        self._refusals.warning(
+            (container.key, reason),
+            "relay connection refused: " + message,
+            {
+                "node": self._node,
+                "pod": f"{limits.namespace}/{limits.pod}",
+                "container": limits.container,
+                "reason": reason,
+            },
         )
 
     # -- NVML figures in, ContainerUsage and util out ----------------------------------------

@@ -1,8 +1,8 @@
 """The relay protocol, version 1 (libvgpu-hook/PROTOCOL.md): one JSON object per line.
 
 Pure decoding and encoding, no sockets: `decode_line` turns one line from a hook into a typed
-message or raises RelayProtocolError whose `reason` is the metric label (`oversized` or
-`malformed`) and whose message says what was wrong.
+message or raises RelayProtocolError whose `reason` is the metric label (`oversized`,
+`not_utf8` or `malformed`) and whose message says what was wrong.
 """
 
 from __future__ import annotations
@@ -20,7 +20,11 @@ Percent = Annotated[int, msgspec.Meta(ge=0, le=100)]
 
 
 class RelayProtocolError(ValueError):
-    def __init__(self, reason: Literal["oversized", "malformed"], message: str) -> None:
+    def __init__(
+        self,
+        reason: Literal["oversized", "malformed", "not_utf8", "over_device_size"],
+        message: str,
+    ) -> None:
         super().__init__(message)
         self.reason = reason
 
@@ -70,6 +74,12 @@ def decode_line(line: bytes) -> HookMessage:
         raise RelayProtocolError(
             "oversized", f"line of {len(line)} bytes is over the {MAX_LINE_BYTES}-byte limit"
         )
+    try:
+        line.decode("utf-8")  # JSON is UTF-8; 4 KiB at most, so checking costs nothing
+    except UnicodeDecodeError as exc:
+        raise RelayProtocolError(
+            "not_utf8", f"line is not UTF-8 (byte 0x{line[exc.start]:02x} at offset {exc.start})"
+        ) from exc
     try:
         message = _decoder.decode(line)
     except msgspec.ValidationError as exc:

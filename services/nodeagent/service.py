@@ -235,6 +235,8 @@ class NodeAgent:
             attributor=attributor,
             publish_interval_s=s.relay_publish_interval_s,
             util_interval_s=s.util_interval_s,
+            device_memory_mib={gpu.uuid: gpu.memory_mib for gpu in first},
+            max_connections=s.relay_max_connections,
         )
         self._relay = relay
         stack.push_async_callback(relay.stop)

@@ -118,6 +118,9 @@ class NodeAgentSettings(msgspec.Struct, kw_only=True, frozen=True):
     resolve_timeout_s: float = 30.0
     kubelet_watch_interval_s: float = 1.0  # how often to look for a re-created kubelet.sock
     relay_publish_interval_s: float = 1.0  # ContainerUsage at most this often per container
+    # Relay connections one container may hold (one per CUDA process); more are refused and
+    # counted (vgpu_nodeagent_relay_rejected_total{reason="too_many_connections"}).
+    relay_max_connections: int = 16
     util_interval_s: float = 0.5  # `util` lines to the hooks
     cleanup_interval_s: float = 30.0  # look for directories of containers that are gone
     container_dir_grace_s: float = 600.0  # keep an unlisted directory this long after Allocate
