@@ -1,19 +1,31 @@
 """The cluster seam: bind pods, annotate them, tell people why a pod waits.
 
 ``LocalClusterBackend`` is a small in-memory API server for `vgpu up` and tests: it knows only
-pods it was given with ``add_pod`` and refuses to bind or annotate others, as the real one does.
+pods it was given with ``add_pod`` (``create_pod`` refuses a name in use: AlreadyExists) and
+refuses to bind or annotate others, as the real one does. It lists and watches its pods as the
+real one does (``run_pod_watch``, ``run_cluster_watch``), and with ``pods_file`` keeps them
+across restarts (`vgpu up` keeps it beside its JetStream store).
 ``kube.KubernetesBackend`` speaks to a real API server with the ``kubernetes`` client.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
+import json
+import os
+import time
+from pathlib import Path
 from typing import Any, Protocol
 
 
 class BackendError(RuntimeError):
     """The cluster refused or failed an operation; the message says which and why."""
+
+
+class AlreadyExists(BackendError):
+    """A pod of that namespace and name exists (the API server's 409 AlreadyExists)."""
 
 
 class ClusterBackend(Protocol):
@@ -44,30 +56,94 @@ class ListWatchHandler(Protocol):
     async def on_change(self, kind: str, obj: dict[str, Any]) -> None: ...
 
 
+def _bound(pod: dict[str, Any]) -> bool:
+    return bool(pod["spec"].get("nodeName"))
+
+
 class LocalClusterBackend:
-    def __init__(self) -> None:
+    def __init__(self, pods_file: str | Path | None = None) -> None:
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.events: list[dict[str, str]] = []  # what a real API server would keep as Events
         self._watchers: list[asyncio.Queue[tuple[str, dict[str, Any]]]] = []
+        self._pods_file = Path(pods_file) if pods_file else None
+        if self._pods_file is not None:
+            self._load()
+
+    # -- keeping pods across restarts ------------------------------------------------------
+
+    def _load(self) -> None:
+        assert self._pods_file is not None
+        try:
+            stored = json.loads(self._pods_file.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            raise BackendError(f"cannot read the local pods from {self._pods_file}: {exc}") from exc
+        for pod in stored if isinstance(stored, list) else []:
+            with contextlib.suppress(BackendError, KeyError, TypeError):
+                self._pods[pod_key(pod)] = pod
+
+    def _save(self) -> None:
+        """Write every pod (small numbers: `vgpu up`), atomically (rename over the old)."""
+        if self._pods_file is None:
+            return
+        partial = self._pods_file.with_name(self._pods_file.name + ".partial")
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps(list(self._pods.values())))
+        os.replace(partial, self._pods_file)
+
+    # -- list + watch -----------------------------------------------------------------------
 
     def _changed(self, kind: str, pod: dict[str, Any]) -> None:
+        self._save()
         for queue in self._watchers:
             queue.put_nowait((kind, copy.deepcopy(pod)))
 
-    async def run_cluster_watch(self, nodes: ListWatchHandler, pods: ListWatchHandler) -> None:
-        """As KubernetesBackend's, from memory: no Node objects here (the agents' hints are
-        the nodes' capacity), and every pod bound through ``bind`` until it is removed."""
+    async def _follow(self, handler: ListWatchHandler, wanted: Any = lambda pod: True) -> None:
+        """List the pods `wanted` selects, then deliver changes as a field-selected watch
+        does: a pod that stops matching arrives as DELETED."""
         queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         self._watchers.append(queue)
+        matching: set[str] = set()
         try:
-            await nodes.on_list([], 0.0)
-            bound = [copy.deepcopy(p) for p in self._pods.values() if p["spec"].get("nodeName")]
-            await pods.on_list(bound, 0.0)
+            listed = [copy.deepcopy(p) for p in self._pods.values() if wanted(p)]
+            matching = {p["metadata"].get("uid") or "" for p in listed}
+            await handler.on_list(listed, time.time())
             while True:
                 kind, pod = await queue.get()
-                await pods.on_change(kind, pod)
+                uid = pod["metadata"].get("uid") or ""
+                if kind != "DELETED" and wanted(pod):
+                    kind = "MODIFIED" if uid in matching else "ADDED"
+                    matching.add(uid)
+                elif uid in matching:
+                    kind = "DELETED"
+                    matching.discard(uid)
+                else:
+                    continue
+                await handler.on_change(kind, pod)
         finally:
             self._watchers.remove(queue)
+
+    async def run_cluster_watch(
+        self,
+        nodes: ListWatchHandler,
+        pods: ListWatchHandler,
+        unbound: ListWatchHandler | None = None,
+    ) -> None:
+        """As KubernetesBackend's, from memory: no Node objects here (the agents' hints are
+        the nodes' capacity), every pod bound through ``bind`` until it is removed, and
+        (`unbound`) the pods no node has yet: the pending ones."""
+        await nodes.on_list([], 0.0)
+        watches = [self._follow(pods, _bound)]
+        if unbound is not None:
+            watches.append(self._follow(unbound, lambda pod: not _bound(pod)))
+        await asyncio.gather(*watches)
+
+    async def run_pod_watch(self, handler: ListWatchHandler) -> None:
+        """Every pod, as KubernetesBackend's (the leader reconciles its bookings with it)."""
+        await self._follow(handler)
+
+    # -- pods -------------------------------------------------------------------------------
 
     def add_pod(self, pod: dict[str, Any]) -> None:
         """Make a pod known (a copy is kept); replaces a pod of the same namespace/name."""
@@ -81,12 +157,25 @@ class LocalClusterBackend:
             raise BackendError(f"pod {key[0]}/{key[1]}: spec must be an object")
         if not isinstance(kept["metadata"]["annotations"], dict):
             raise BackendError(f"pod {key[0]}/{key[1]}: metadata.annotations must be an object")
+        replaced = self._pods.get(key)
         self._pods[key] = kept
+        if replaced is not None and replaced["metadata"].get("uid") != kept["metadata"].get("uid"):
+            self._changed("DELETED", replaced)  # another pod of that name: the old one is gone
+        self._changed("ADDED", kept)
 
-    def remove_pod(self, namespace: str, name: str) -> None:
+    def create_pod(self, pod: dict[str, Any]) -> None:
+        """As POST pods: a name in use is refused (AlreadyExists), as the API server does."""
+        key = pod_key(pod)
+        if key in self._pods:
+            raise AlreadyExists(f'pods "{key[1]}" already exists')
+        self.add_pod(pod)
+
+    def remove_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Delete a pod (its watchers see DELETED); the pod removed, or None if unknown."""
         pod = self._pods.pop((namespace, name), None)
         if pod is not None:
             self._changed("DELETED", pod)
+        return pod
 
     def set_phase(self, namespace: str, name: str, phase: str) -> None:
         """The pod ran to an end (Succeeded, Failed) or changed phase, as its kubelet says."""
@@ -113,7 +202,9 @@ class LocalClusterBackend:
         self._changed("MODIFIED", pod)
 
     async def annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
-        self._pod(namespace, name)["metadata"]["annotations"].update(annotations)
+        pod = self._pod(namespace, name)
+        pod["metadata"]["annotations"].update(annotations)
+        self._changed("MODIFIED", pod)
 
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         pod = self._pods.get((namespace, name))

@@ -1,13 +1,16 @@
 """The cluster as kube-scheduler sees it: Node allocatable and every bound pod's requests.
 
-Two list+watch handlers (kube.py runs them through the ``kubernetes`` client; in local mode
-backend.py feeds the pod handler from its in-memory pods):
+List+watch handlers (kube.py runs them through the ``kubernetes`` client; in local mode
+backend.py feeds them from its in-memory pods):
 
 - ``NodeHandler``: each Node's ``status.allocatable`` cpu, memory and pods become the node's
   capacity in ClusterState (over the node agent's hints); a deleted Node's are forgotten.
 - ``BoundPodHandler``: each pod bound to a node and not ended, GPU or not, holds its
   requests there (host_requests.py counts them as kube-scheduler does); a pod that ends
   (Succeeded, Failed) or is deleted gives them back. A list replaces what was known.
+- ``UnboundPodHandler``: the pods no node has yet, as kube-scheduler's pending queue holds
+  them; the allocator shows a pod as pending only while it is one of these, and says "no
+  longer waiting" when it leaves (bound or deleted).
 
 Both are cheap per event (a dict update), so thousands of pods and nodes stay fast.
 """
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from prometheus_client import Counter, Gauge
@@ -152,3 +155,63 @@ class BoundPodHandler:
         else:
             self._take(obj)
         COUNTED_PODS.set(len(self._host))
+
+
+class UnboundPodHandler:
+    """The pods the API server says wait for a node, by uid; `on_added` hears of each that
+    arrives, `on_gone` of each that leaves (bound, ended or deleted)."""
+
+    def __init__(
+        self,
+        on_gone: Callable[[str], Awaitable[None]] | None = None,
+        on_added: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
+        self._uids: set[str] = set()
+        self._on_gone = on_gone
+        self._on_added = on_added
+        self.listed = asyncio.Event()  # the first list was taken in
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self._uids
+
+    def __len__(self) -> int:
+        return len(self._uids)
+
+    async def _added(self, uid: str) -> None:
+        if self._on_added is not None:
+            await self._on_added(uid)
+
+    async def _gone(self, uid: str) -> None:
+        if self._on_gone is not None:
+            await self._on_gone(uid)
+
+    async def on_list(self, items: list[dict[str, Any]], listed_at: float) -> None:
+        WATCH_EVENTS.labels(resource="unbound_pods", type="list").inc()
+        uids = set()
+        for pod in items:
+            uid = (pod.get("metadata") or {}).get("uid")
+            if (
+                isinstance(uid, str)
+                and uid
+                and (pod.get("status") or {}).get("phase") not in (ENDED_PHASES)
+            ):
+                uids.add(uid)
+        gone, added, self._uids = self._uids - uids, uids - self._uids, uids
+        for uid in gone:
+            await self._gone(uid)
+        for uid in added:
+            await self._added(uid)
+        self.listed.set()
+
+    async def on_change(self, kind: str, obj: dict[str, Any]) -> None:
+        WATCH_EVENTS.labels(resource="unbound_pods", type=kind).inc()
+        uid = (obj.get("metadata") or {}).get("uid")
+        if not isinstance(uid, str) or not uid:
+            return
+        if kind == "DELETED" or (obj.get("status") or {}).get("phase") in ENDED_PHASES:
+            if uid in self._uids:
+                self._uids.discard(uid)
+                await self._gone(uid)
+        elif uid not in self._uids:
+            self._uids.add(uid)
+            await self._added(uid)

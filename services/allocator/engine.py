@@ -622,8 +622,9 @@ class PlacementEngine:
 
     # -- release / rebuild / views --------------------------------------------------------
 
-    async def release(self, uid: str) -> PodAllocation | None:
-        """Forget a pod's slices (the pod is gone); None when it was not recorded."""
+    async def release(self, uid: str, reason: str = "pod gone") -> PodAllocation | None:
+        """Forget a pod's slices (the pod is gone, `reason` says how); None when it was not
+        recorded."""
         allocation = self.ledger.release(uid)
         if allocation is None:
             return None
@@ -633,7 +634,14 @@ class PlacementEngine:
         except JournalError as exc:
             log.error("cannot store a release", extra={"uid": uid, "error": str(exc)})
         log.info(
-            "pod released", extra={"pod": f"{allocation.namespace}/{allocation.name}", "uid": uid}
+            "pod released",
+            extra={
+                "pod": f"{allocation.namespace}/{allocation.name}",
+                "uid": uid,
+                "node": allocation.node,
+                "gpus": sorted({s.uuid for c in allocation.containers.values() for s in c.slices}),
+                "reason": reason,
+            },
         )
         await self._publish(allocation.node, "released", allocation)
         return allocation

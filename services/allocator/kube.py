@@ -22,7 +22,6 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from kubernetes import client as k8s
@@ -31,15 +30,16 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.rest import ApiException
 
 from .backend import BackendError, ListWatchHandler
-from .core import pod_ref
-from .engine import ALLOCATION_ANNOTATION, PlacementEngine, decode_annotation
+from .reconcile import PodWatchHandler
+
+__all__ = ["KubernetesBackend", "PodWatchHandler"]  # the handler's home is reconcile.py
 
 log = logging.getLogger("vgpu.allocator")
 
 WATCH_TIMEOUT_S = 5  # each watch request ends this often, so stopping never waits long
-TERMINAL_PHASES = ("Succeeded", "Failed")
-# kube-scheduler's pod informer: assigned pods that have not ended.
+# kube-scheduler's pod informers: assigned pods that have not ended, and the pending ones.
 BOUND_RUNNING_PODS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+UNBOUND_PODS = "spec.nodeName=,status.phase!=Succeeded,status.phase!=Failed"
 
 
 def _api_error(exc: ApiException) -> str:
@@ -240,11 +240,17 @@ class KubernetesBackend:
         """Every pod: rebuild at each list, release pods that end (the leader's job)."""
         await self._follow("pods", self.core.list_pod_for_all_namespaces, handler)
 
-    async def run_cluster_watch(self, nodes: ListWatchHandler, pods: ListWatchHandler) -> None:
-        """What kube-scheduler sees: the Nodes (allocatable) and the pods bound to them that
+    async def run_cluster_watch(
+        self,
+        nodes: ListWatchHandler,
+        pods: ListWatchHandler,
+        unbound: ListWatchHandler | None = None,
+    ) -> None:
+        """What kube-scheduler sees: the Nodes (allocatable), the pods bound to them that
         have not ended (the same field selector as kube-scheduler's pod informer, so a pod
-        that ends arrives as DELETED). Every replica runs it."""
-        await asyncio.gather(
+        that ends arrives as DELETED) and (`unbound`) the pending pods, which leave that
+        selection, as DELETED, when they are bound or deleted. Every replica runs it."""
+        watches = [
             self._follow("nodes", self.core.list_node, nodes),
             self._follow(
                 "bound pods",
@@ -252,52 +258,14 @@ class KubernetesBackend:
                 pods,
                 field_selector=BOUND_RUNNING_PODS,
             ),
-        )
-
-
-def _finished(pod: Mapping[str, Any]) -> bool:
-    return (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
-
-
-class PodWatchHandler:
-    """Rebuild from pod annotations at list time; release pods that end."""
-
-    def __init__(self, engine: PlacementEngine) -> None:
-        self._engine = engine
-
-    async def on_list(self, pods: list[dict[str, Any]], listed_at: float) -> None:
-        engine = self._engine
-        alive: set[str] = set()
-        adopted = released = 0
-        for pod in pods:
-            ref = pod_ref(pod)
-            if _finished(pod):
-                released += await engine.release(ref.uid) is not None
-                continue
-            alive.add(ref.uid)
-            annotation = ((pod.get("metadata") or {}).get("annotations") or {}).get(
-                ALLOCATION_ANNOTATION
+        ]
+        if unbound is not None:
+            watches.append(
+                self._follow(
+                    "unbound pods",
+                    self.core.list_pod_for_all_namespaces,
+                    unbound,
+                    field_selector=UNBOUND_PODS,
+                )
             )
-            node = (pod.get("spec") or {}).get("nodeName")
-            if annotation and node and ref.uid not in engine.ledger:
-                inits = {c.get("name") for c in (pod.get("spec") or {}).get("initContainers") or []}
-                try:
-                    allocation = decode_annotation(annotation, pod, node, inits)
-                except Exception as exc:
-                    log.warning(
-                        "unreadable allocation annotation",
-                        extra={"pod": str(ref), "error": str(exc)},
-                    )
-                    continue
-                adopted += await engine.adopt(allocation)
-        for allocation in engine.allocations():
-            if allocation.uid not in alive and allocation.bound_at < listed_at:
-                released += await engine.release(allocation.uid) is not None
-        log.info(
-            "rebuilt from the cluster's pods",
-            extra={"pods": len(pods), "adopted": adopted, "released": released},
-        )
-
-    async def on_change(self, kind: str, pod: dict[str, Any]) -> None:
-        if kind == "DELETED" or _finished(pod):
-            await self._engine.release(pod_ref(pod).uid)
+        await asyncio.gather(*watches)

@@ -9,14 +9,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import inspect
 import logging
 import os
 import socket
 import time
+from collections import OrderedDict
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 
 from services.common import subjects
 from services.common.bus import Bus
@@ -28,10 +30,10 @@ from .backend import ClusterBackend, LocalClusterBackend
 from .bind_guard import BindGuard, FilterPasses
 from .claims import ClaimHandlers
 from .cluster import CapacityConfig, ClusterState
-from .cluster_watch import BoundPodHandler, NodeHandler
-from .core import FilterOutcome, PlacementCore, pod_ref
+from .cluster_watch import BoundPodHandler, NodeHandler, UnboundPodHandler
+from .core import FilterOutcome, PlacementCore, PodRef, pod_ref
 from .engine import PlacementEngine
-from .extender import build_app
+from .extender import FILTER_SLICE, build_app
 from .extender_edge import FilterPassPeers, mutual_tls
 from .fragmentation import WorkloadMix
 from .journal import Journal
@@ -46,6 +48,34 @@ NODES = Gauge(
 )
 LEADER = Gauge("vgpu_allocator_leader", "1 when this replica holds the lease", ["replica"])
 EVENT_INTERVAL_S = 30.0  # at most one "unschedulable" Event per pod this often
+PENDING_REMEMBERED = 10000  # pods announced as pending, to say when they stop waiting
+DEFERRED_REPORTS = 1024  # refusals of pods the API server does not list (yet) as pending
+FILTERED_UNKNOWN = Counter(
+    "vgpu_allocator_filtered_unknown_pods_total",
+    "Refused filters of pods the API server does not list as pending (not shown as pending)",
+)
+
+
+def pending_report(ref: PodRef, requests: Any, outcome: FilterOutcome) -> tuple[PendingPod, str]:
+    """The PendingPod to publish for a refused pod and the Event message: reasons grouped,
+    at most 20 node names each."""
+    by_reason: dict[str, list[str]] = {}
+    for node, reason in {**outcome.failed, **outcome.unresolvable}.items():
+        by_reason.setdefault(
+            reason.replace(f"node {node!r}: ", "").replace(f"node {node!r} ", "node "), []
+        ).append(node)
+    pending = PendingPod(
+        namespace=ref.namespace,
+        name=ref.name,
+        uid=ref.uid,
+        requests=list(requests),
+        reasons=[
+            PendingReason(message=m, nodes=n[:20], node_count=len(n)) for m, n in by_reason.items()
+        ],
+        unresolvable=bool(outcome.unresolvable) and not outcome.failed,
+    )
+    message = "; ".join(f"{len(n)} node(s): {m}" for m, n in list(by_reason.items())[:5])
+    return pending, message
 
 
 def _replica_id(settings: AllocatorSettings) -> str:
@@ -94,6 +124,9 @@ class Allocator:
         self._leader_tasks: list[asyncio.Task[None]] = []
         self._last_event: dict[str, float] = {}
         self._unavailable: set[str] = set()
+        self._unbound: UnboundPodHandler | None = None  # pending pods, per the API server
+        self._announced: OrderedDict[str, PodRef] = OrderedDict()  # published as pending
+        self._deferred: OrderedDict[str, tuple[PendingPod, str]] = OrderedDict()
 
     def _make_backend(self) -> ClusterBackend:
         if self.settings.cluster == "kubernetes":
@@ -223,22 +256,24 @@ class Allocator:
         if watch is None:
             return
         nodes, pods = NodeHandler(self.cluster), BoundPodHandler(self.ledger.host)
-        self._tasks.append(asyncio.create_task(self._run_cluster_watch(watch, nodes, pods)))
+        handlers: list[Any] = [nodes, pods]
+        if "unbound" in inspect.signature(watch).parameters:
+            self._unbound = UnboundPodHandler(self._left_pending, self._became_pending)
+            handlers.append(self._unbound)
+        self._tasks.append(asyncio.create_task(self._run_cluster_watch(watch, *handlers)))
         try:
             async with asyncio.timeout(self.settings.cluster_sync_timeout_s):
-                await nodes.listed.wait()
-                await pods.listed.wait()
+                for handler in handlers:
+                    await handler.listed.wait()
         except TimeoutError:
             log.warning(
                 "the cluster's nodes and pods are not listed yet; answering without them",
                 extra={"waited_s": self.settings.cluster_sync_timeout_s},
             )
 
-    async def _run_cluster_watch(
-        self, watch: Any, nodes: NodeHandler, pods: BoundPodHandler
-    ) -> None:
+    async def _run_cluster_watch(self, watch: Any, *handlers: Any) -> None:
         try:
-            await watch(nodes, pods)
+            await watch(*handlers)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -254,12 +289,22 @@ class Allocator:
             self._leader_tasks.append(asyncio.create_task(self._run_pod_watch(watch)))
 
     async def _run_pod_watch(self, watch: Any) -> None:
-        """Rebuild from pod annotations, then release pods that end (leader only)."""
-        from .kube import PodWatchHandler
+        """Rebuild from pod annotations, release pods that end, and reconcile every booking
+        with the pods the API server has (leader only; reconcile.py)."""
+        from .reconcile import PodWatchHandler
 
-        handler = PodWatchHandler(self.engine)
+        handler = PodWatchHandler(self.engine, self.settings.release_unbound_after_s)
+
+        async def reconcile() -> None:
+            while True:
+                await asyncio.sleep(self.settings.reconcile_interval_s)
+                try:
+                    await handler.reconcile()
+                except Exception:
+                    log.exception("reconciling bookings failed")
+
         try:
-            await watch(handler)
+            await asyncio.gather(watch(handler), reconcile())
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -330,39 +375,53 @@ class Allocator:
             )
 
     async def _on_filtered(self, pod: dict[str, Any], outcome: FilterOutcome) -> None:
-        """A pod no node can take: tell NATS listeners and, as the leader, the cluster."""
+        """A pod no node can take: tell NATS listeners and, as the leader, the cluster, once
+        the API server lists it as pending (a filter may come before the watch says so)."""
         if outcome.passed or self._bus is None:
             return
         ref = pod_ref(pod)
-        by_reason: dict[str, list[str]] = {}
-        for node, reason in {**outcome.failed, **outcome.unresolvable}.items():
-            by_reason.setdefault(
-                reason.replace(f"node {node!r}: ", "").replace(f"node {node!r} ", "node "), []
-            ).append(node)
         try:
             requests = self.core.parse(pod).containers
         except ValueError:
             requests = ()
-        pending = PendingPod(
-            namespace=ref.namespace,
-            name=ref.name,
-            uid=ref.uid,
-            requests=list(requests),
-            reasons=[
-                PendingReason(message=m, nodes=n[:20], node_count=len(n))
-                for m, n in by_reason.items()
-            ],
-            unresolvable=bool(outcome.unresolvable) and not outcome.failed,
-        )
+        nodes = len(outcome.failed) + len(outcome.unresolvable)
+        if nodes > FILTER_SLICE:  # grouping 100,000 reasons: off the loop (the data is ours)
+            report = await asyncio.to_thread(pending_report, ref, requests, outcome)
+        else:
+            report = pending_report(ref, requests, outcome)
+        unbound = self._unbound
+        if unbound is not None and unbound.listed.is_set() and ref.uid not in unbound:
+            # Not (yet) a pod the API server has waiting: a made-up body, or a watch a moment
+            # behind. Kept (bounded) until the watch lists it; else never shown.
+            FILTERED_UNKNOWN.inc()
+            self._deferred[ref.uid] = report
+            while len(self._deferred) > DEFERRED_REPORTS:
+                self._deferred.popitem(last=False)
+            return
+        await self._announce(report)
+
+    async def _became_pending(self, uid: str) -> None:
+        report = self._deferred.pop(uid, None)
+        if report is not None:
+            await self._announce(report)
+
+    async def _announce(self, report: tuple[PendingPod, str]) -> None:
+        pending, message = report
+        ref = PodRef(pending.namespace, pending.name, pending.uid)
+        if self._bus is None:
+            return
         with contextlib.suppress(Exception):
             await self._bus.publish(subjects.alloc_pending(), pending)
+            self._announced[ref.uid] = ref
+            self._announced.move_to_end(ref.uid)
+            while len(self._announced) > PENDING_REMEMBERED:
+                self._announced.popitem(last=False)
         now = time.monotonic()
         if not self.leading or now - self._last_event.get(ref.uid, -1e9) < EVENT_INTERVAL_S:
             return
         self._last_event[ref.uid] = now
         if len(self._last_event) > 10000:
             self._last_event.clear()
-        message = "; ".join(f"{len(n)} node(s): {m}" for m, n in list(by_reason.items())[:5])
         try:
             await self.backend.emit_event(
                 ref.namespace, ref.name, ref.uid, "VgpuUnschedulable", message[:1000]
@@ -371,6 +430,16 @@ class Allocator:
             log.warning(
                 "cannot emit a scheduling event", extra={"pod": str(ref), "error": str(exc)}
             )
+
+    async def _left_pending(self, uid: str) -> None:
+        """A pod announced as pending was bound or deleted: say it no longer waits."""
+        self._deferred.pop(uid, None)
+        ref = self._announced.pop(uid, None)
+        if ref is None or self._bus is None:
+            return
+        done = PendingPod(namespace=ref.namespace, name=ref.name, uid=uid, waiting=False)
+        with contextlib.suppress(Exception):
+            await self._bus.publish(subjects.alloc_pending(), done)
 
     def _health(self) -> tuple[bool, dict[str, Any]]:
         connected = self._bus is not None and self._bus.client.is_connected

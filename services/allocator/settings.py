@@ -88,6 +88,11 @@ class AllocatorSettings(msgspec.Struct, kw_only=True, frozen=True):
     kube_api_url: str = ""  # talk to this API server directly (tests, proxies)
     # At start, how long to wait for the first list of Nodes and bound pods before answering.
     cluster_sync_timeout_s: Seconds = 10.0
+    # Reconciliation with the API server (the leader): a pod deleted or ended frees its
+    # slices at once; a booking whose pod is still unbound (never bound, or its bind failed)
+    # or that the API server does not have is freed once older than this; checked this often.
+    release_unbound_after_s: Seconds = 60.0
+    reconcile_interval_s: Seconds = 5.0
 
     # Mutating admission webhook over HTTPS; -1 = off, 0 = any free port.
     webhook_port: Annotated[int, msgspec.Meta(ge=-1, le=65535)] = -1

@@ -4,7 +4,9 @@ In a cluster, a pod exists in the API server before kube-scheduler asks the exte
 `vgpu submit` creates it here first, in the allocator's in-memory cluster backend. As a real
 API server, it runs the mutating admission webhooks on pod CREATE first (AdmissionReview v1
 over HTTPS to the allocator's webhook, services/simulators/admission.py), so peer syntaxes are
-rewritten into vgpu's names before anything schedules the pod.
+rewritten into vgpu's names before anything schedules the pod. A second pod of the same name
+is refused 409 AlreadyExists, and `vgpu delete` removes one (DELETE), which frees its slices
+and its kubelet's devices.
 """
 
 from __future__ import annotations
@@ -13,15 +15,18 @@ from typing import Any
 
 from aiohttp import web
 
-from services.allocator.backend import BackendError, LocalClusterBackend
+from services.allocator.backend import AlreadyExists, BackendError, LocalClusterBackend
 from services.common.http_server import serve
 from services.simulators.admission import AdmissionRefused, MutatingAdmission
 
 
-def _error(status: int, message: str, reason: str = "") -> web.Response:
-    body = {"kind": "Status", "status": "Failure", "message": message, "code": status}
-    if reason:
+def _error(status: int, message: str, reason: str = "", name: str = "") -> web.Response:
+    body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                            "message": message, "code": status}  # fmt: skip
+    if reason:  # as the API server's Status: kubectl prints "Error from server (<reason>)"
         body["reason"] = reason
+    if name:
+        body["details"] = {"name": name, "kind": "pods"}
     return web.json_response(body, status=status)
 
 
@@ -48,6 +53,7 @@ class LocalApiServer:
             [
                 web.post("/api/v1/namespaces/{namespace}/pods", self._create),
                 web.get("/api/v1/namespaces/{namespace}/pods/{name}", self._get),
+                web.delete("/api/v1/namespaces/{namespace}/pods/{name}", self._delete),
                 web.post("/api/v1/namespaces/{namespace}/pods/{name}/binding", self._bind),
             ]
         )
@@ -74,16 +80,26 @@ class LocalApiServer:
             except AdmissionRefused as exc:
                 return _error(exc.code, exc.message, exc.reason)
         try:
-            self._backend.add_pod(pod)
+            self._backend.create_pod(pod)
+        except AlreadyExists as exc:
+            return _error(409, str(exc), "AlreadyExists", str(metadata.get("name")))
         except BackendError as exc:
             return _error(400, str(exc))
         return web.json_response(pod, status=201)
+
+    async def _delete(self, request: web.Request) -> web.Response:
+        """DELETE a pod at once (grace period 0: the simulated containers hold no process)."""
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        pod = self._backend.remove_pod(namespace, name)
+        if pod is None:
+            return _error(404, f'pods "{name}" not found', "NotFound", name)
+        return web.json_response(pod)
 
     async def _get(self, request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         pod = await self._backend.get_pod(namespace, name)
         if pod is None:
-            return _error(404, f'pods "{name}" not found in namespace {namespace}')
+            return _error(404, f'pods "{name}" not found', "NotFound", name)
         return web.json_response(pod)
 
     async def _bind(self, request: web.Request) -> web.Response:

@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 
@@ -42,6 +42,7 @@ from services.simulators.kubelet import KubeletSimSettings, KubeletSimulator
 log = logging.getLogger("vgpu.up")
 
 RESOURCE = "nvidia.com/gpu"
+PODS_FILE = "local-pods.json"  # the local API server's pods, in the JetStream store directory
 # The allocator's entry of deploy/k8s/base/allocator/webhook.yaml, registered with the local
 # API server as a cluster registers it (tests/cli/test_local_admission.py keeps them equal).
 WEBHOOK_CONFIGURATION = {
@@ -102,6 +103,24 @@ class LocalClusterSpec:
     hook_library: str = str(HOOK_BUILD)
 
 
+class KubeletFollower:
+    """As a kubelet watches the API server: a pod deleted there is stopped on its node (the
+    simulator frees its devices)."""
+
+    def __init__(self, kubelets: dict[str, KubeletSimulator]) -> None:
+        self._kubelets = kubelets
+
+    async def on_list(self, items: list[dict[str, Any]], listed_at: float) -> None:
+        pass  # the simulators start empty; nothing to stop
+
+    async def on_change(self, kind: str, pod: dict[str, Any]) -> None:
+        node = (pod.get("spec") or {}).get("nodeName")
+        kubelet = self._kubelets.get(node) if kind == "DELETED" and node else None
+        if kubelet is not None:
+            metadata = pod.get("metadata") or {}
+            kubelet.remove(metadata.get("namespace") or "default", metadata.get("name") or "")
+
+
 def node_names(count: int) -> list[str]:
     return [f"node-{index + 1}" for index in range(count)]
 
@@ -139,6 +158,7 @@ class LocalCluster:
         self.pki: LocalPki | None = None
         self._started: list[Service] = []
         self._nats_supervisor: asyncio.Task[None] | None = None
+        self._kubelet_follower: asyncio.Task[None] | None = None
 
     async def start(self, ready_timeout_s: float = 10.0) -> None:
         try:
@@ -165,7 +185,10 @@ class LocalCluster:
             )  # fmt: skip
         nats_url = self.nats_url
 
-        backend = LocalClusterBackend()
+        # The pods live beside the JetStream store, so a restart keeps both, or neither
+        # (--fresh): the bookings it remembers have their pods behind them.
+        store = spec.nats_store_dir if not spec.nats_url else ""
+        backend = LocalClusterBackend(Path(store) / PODS_FILE if store else None)
         # The extender as deploy/k8s serves it: HTTPS, only the scheduler's client certificate.
         pki = self.pki = make_local_pki(self.tls_dir)
         extender: dict[str, object] = {
@@ -204,6 +227,9 @@ class LocalCluster:
         )  # fmt: skip
         for name in node_names(spec.nodes):
             await self._start_node(name, nats_url, spec.hook_library)
+        self._kubelet_follower = asyncio.create_task(
+            backend.run_pod_watch(KubeletFollower(self.kubelets)), name="kubelets-follow-api"
+        )
         await self._wait_ready(ready_timeout_s)
 
     async def _restart_nats(self) -> None:
@@ -301,6 +327,11 @@ class LocalCluster:
             supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await supervisor
+        follower, self._kubelet_follower = self._kubelet_follower, None
+        if follower is not None:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await follower
         while self._started:
             service = self._started.pop()
             try:

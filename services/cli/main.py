@@ -48,6 +48,7 @@ class _LazyGroup(click.Group):
     simulate` pulls in the allocator's placement core, which `vgpu run` must not wait for."""
 
     lazy = {
+        "delete": "services.cli.delete:delete_command",
         "inspect": "services.cli.inspect:inspect_command",
         "kubelet-sim": "services.cli.kubelet_sim_cmd:kubelet_sim",
         "run": "services.cli.run:run_command",
@@ -181,7 +182,7 @@ def up(
 def submit(manifest: Path, state_file: Path | None, as_json: bool, timeout: float) -> None:
     """Schedule and admit a Pod manifest on the system `vgpu up` runs."""
     from services.cli.bus_probe import HINT, bus_problem
-    from services.cli.submit import ManifestError, load_pod, render
+    from services.cli.submit import ApiRefused, ManifestError, load_pod, render
     from services.cli.submit import submit as submit_pod
 
     try:
@@ -194,6 +195,10 @@ def submit(manifest: Path, state_file: Path | None, as_json: bool, timeout: floa
         outcome = asyncio.run(submit_pod(pod, state, limits_timeout_s=timeout))
     except (StateError, ManifestError) as exc:
         raise click.ClickException(str(exc)) from exc
+    except ApiRefused as exc:  # worded as kubectl words it
+        raise click.ClickException(
+            f'Error from server ({exc.reason}): error when creating "{manifest}": {exc}'
+        ) from exc
     click.echo(msgspec.json.encode(outcome).decode() if as_json else render(outcome))
     if outcome.node is None or outcome.reason:
         sys.exit(1)

@@ -37,6 +37,14 @@ class ManifestError(ValueError):
     pass
 
 
+class ApiRefused(RuntimeError):
+    """The API server refused to create the pod; `reason` is its Status reason."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class ContainerOutcome(msgspec.Struct, kw_only=True):
     name: str
     init: bool
@@ -99,6 +107,15 @@ class CreateRefused(RuntimeError):
     """The API server refused the pod (an admission webhook denied it, or it is invalid)."""
 
 
+def _status_reason(body: str) -> str:
+    try:
+        status = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return "Failure"
+    reason = status.get("reason") if isinstance(status, dict) else None
+    return reason if isinstance(reason, str) and reason else "Failure"
+
+
 def _status_message(body: str) -> str:
     try:
         status = msgspec.json.decode(body)
@@ -119,6 +136,8 @@ async def _create(api_url: str, pod: dict[str, Any]) -> dict[str, Any]:
     ):
         body = await response.text()
         if response.status != 201:
+            if response.status == 409:  # AlreadyExists: the user's to fix, worded as kubectl
+                raise ApiRefused(_status_reason(body), _status_message(body))
             raise CreateRefused(
                 f"the API server refused the pod ({response.status}): {_status_message(body)}"
             )
@@ -245,10 +264,13 @@ async def submit(
 def render(outcome: SubmitOutcome) -> str:
     """The outcome for people: placement, then each container's environment and mounts."""
     title = f"pod {outcome.namespace}/{outcome.name}"
+    created = "the API server refused" not in outcome.reason
+    remove = f"`vgpu delete {outcome.name} -n {outcome.namespace}` removes it"
     if outcome.node is None:
-        return f"{title}: not placed\n  reason: {outcome.reason}"
+        stays = f"\n  the pod stays pending; {remove}" if created else ""
+        return f"{title}: not placed\n  reason: {outcome.reason}{stays}"
     if outcome.reason:
-        return f"{title}: failed on node {outcome.node}\n  reason: {outcome.reason}"
+        return f"{title}: failed on node {outcome.node}\n  reason: {outcome.reason}\n  {remove}"
     lines = [f"{title}: placed on node {outcome.node}"]
     for container in outcome.containers:
         kind = "init container" if container.init else "container"

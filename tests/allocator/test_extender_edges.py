@@ -129,6 +129,7 @@ async def test_a_pod_no_node_takes_is_published_as_pending(allocator: Allocator,
     await bus.subscribe(subjects.alloc_pending(), PendingPod, on_pending)
     await bus.client.flush()
     big = pod("big", [container("m", mem=50000)], namespace="ml")
+    admit_to_cluster(allocator, big)  # pending in the API server: only such pods are shown
     async with aiohttp.ClientSession() as http:
         await post(
             http, f"{allocator.url}/scheduler/filter", filter_args(big, ["n1", "n2", "ghost"])
