@@ -83,6 +83,7 @@ class Journal:
         self._kv: KeyValue | None = None
         self._nodes: dict[str, _NodeJournal] = {}
         self._watch_task: asyncio.Task[None] | None = None
+        self._watcher: KeyValue.KeyWatcher | None = None
         self._on_remote = on_remote or (lambda node: None)
         self.loaded = asyncio.Event()
 
@@ -106,20 +107,40 @@ class Journal:
             self._kv = await js.create_key_value(
                 KeyValueConfig(bucket=bucket, history=1, replicas=replicas)
             )
+        await self._watch()
+        self.loaded.set()
+
+    async def _watch(self) -> None:
+        """Apply the stored values, then follow changes (replacing an earlier watch)."""
+        assert self._kv is not None
         watcher = await self._kv.watchall()
         async for entry in watcher:  # the current values, then None
             if entry is None:
                 break
             await self._apply_entry(entry)
-        self.loaded.set()
+        await self._stop_watch()
+        self._watcher = watcher
         self._watch_task = asyncio.create_task(self._follow(watcher))
 
-    async def close(self) -> None:
+    async def resync(self) -> None:
+        """After the bus came back: read every node's records again (a write by another
+        replica meanwhile may never have reached the old watch) and watch anew."""
+        if self._kv is not None:
+            await self._watch()
+
+    async def _stop_watch(self) -> None:
         task, self._watch_task = self._watch_task, None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            with contextlib.suppress(Exception):
+                await watcher.stop()
+
+    async def close(self) -> None:
+        await self._stop_watch()
         self._kv = None
 
     async def _follow(self, watcher: KeyValue.KeyWatcher) -> None:

@@ -177,6 +177,7 @@ class Allocator:
             gc.set_threshold(settings.gc_threshold, 50, 1000)
         self._bus = await Bus.connect(settings.nats_url, f"vgpu-allocator-{self.replica}")
         self.engine.set_event_sink(self._bus)
+        self._bus.on_reconnect(self._resync)
         js = self._bus.client.jetstream(timeout=5)
         if settings.state_bucket:
             try:
@@ -430,6 +431,13 @@ class Allocator:
             log.warning(
                 "cannot emit a scheduling event", extra={"pod": str(ref), "error": str(exc)}
             )
+
+    async def _resync(self) -> None:
+        """The bus is back: read the decision store again (another replica's writes meanwhile
+        may never have reached our watch). Inventory comes back with the agents' heartbeats,
+        which they re-send as soon as they reconnect."""
+        await self.journal.resync()
+        log.info("decisions re-read after the bus came back", extra={"pods": len(self.ledger)})
 
     async def _left_pending(self, uid: str) -> None:
         """A pod announced as pending was bound or deleted: say it no longer waits."""

@@ -3,7 +3,9 @@
 Subscribers never crash on bad input: a message that does not decode is counted in
 ``vgpu_bus_undecodable_messages_total`` and logged, and the subscription carries on.
 ``vgpu_nats_connected{client}`` is 1 while a client is connected and 0 while it is not (it
-keeps reconnecting, forever); ``Bus.down_since`` says since when. Request handlers answer
+keeps reconnecting, forever); ``Bus.down_since`` says since when, and callbacks given to
+``Bus.on_reconnect`` run each time the bus comes back, so a service can resynchronise what
+it may have missed meanwhile. Request handlers answer
 every request: a domain error (``ReplyError``) or undecodable
 request becomes ``{"error": "..."}``; an unexpected exception is logged and answered with a
 generic message that leaks no internals.
@@ -74,6 +76,23 @@ class _Link:
     def __init__(self, url: str, name: str) -> None:
         self.url, self.name = url, name
         self.down_since: float | None = None
+        self.on_back: list[Callable[[], Awaitable[None]]] = []
+        self._resyncs: set[asyncio.Task[None]] = set()
+
+    def back(self) -> None:
+        """Run every resynchronisation callback (each in its own task: the client's
+        callback must return for the connection to carry on)."""
+        for callback in self.on_back:
+            task = asyncio.create_task(self._resync(callback))
+            self._resyncs.add(task)
+            task.add_done_callback(self._resyncs.discard)
+
+    async def _resync(self, callback: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await callback()
+        except Exception:
+            log.exception("resynchronising after the bus came back failed",
+                          extra={"client": self.name})  # fmt: skip
 
     def down(self) -> None:
         if self.down_since is None:
@@ -117,6 +136,7 @@ class Bus:
                 "the bus is back: reconnected to NATS at %s after %.1fs", url, down_for,
                 extra={"client": name, "nats": url, "down_s": round(down_for, 1)},
             )  # fmt: skip
+            link.back()
 
         client = NatsClient()
         connecting = client.connect(
@@ -138,6 +158,11 @@ class Bus:
             raise BusError(f"cannot reach NATS at {url} within {connect_timeout_s}s") from exc
         link.up()
         return cls(client, link)
+
+    def on_reconnect(self, callback: Callable[[], Awaitable[None]]) -> None:
+        """Run `callback` each time the connection comes back after being lost."""
+        if self._link is not None:
+            self._link.on_back.append(callback)
 
     @property
     def connected(self) -> bool:

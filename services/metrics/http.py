@@ -7,7 +7,9 @@ Thin on purpose: every answer is a view from `views.py` encoded as JSON.
     GET /api/v1/picture                 ClusterView
     GET /api/v1/pods/{namespace}/{name} PodView (404 naming the pod if unknown)
     GET /api/v1/pending                 [PendingView]
-    GET /api/v1/events                  text/event-stream: `snapshot` then `change` batches
+    GET /api/v1/events                  text/event-stream: `snapshot`, `bus`, then `change`
+                                        batches and a `bus` frame whenever NATS goes or
+                                        comes back ({"connected", "nats_down_since", ...})
     GET /                               the dashboard (static files under /static/)
 """
 
@@ -89,6 +91,10 @@ class MetricsHttp:
         )
         return app
 
+    def bus_status(self) -> dict[str, Any]:
+        """What the dashboard's badge shows: connected, or down since when (Unix time)."""
+        return {"connected": self._nats_connected(), **self._bus_details()}
+
     async def _metrics(self, request: web.Request) -> web.Response:
         # Our picture plus the process-wide counters (bus errors, rejected events).
         body = generate_latest(self._registry) + generate_latest(REGISTRY)
@@ -129,6 +135,7 @@ class MetricsHttp:
         try:
             await response.write(b"retry: 2000\n\n")
             await response.write(frame("snapshot", _encoder.encode(self._view())))
+            await response.write(frame("bus", _encoder.encode(self.bus_status())))
             while True:
                 try:
                     item = await asyncio.wait_for(client.queue.get(), KEEPALIVE_S)

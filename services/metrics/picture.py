@@ -215,6 +215,28 @@ class ClusterPicture:
                 loaded += 1
         return loaded
 
+    def resync_decisions(
+        self, allocations: Iterable[PodAllocation], read_started: float
+    ) -> tuple[int, int]:
+        """Make the pods what the store holds (read after an outage): record what is
+        missing, release what the store no longer has, except pods bound after the read
+        began (their events are newer than the read). (added, released)."""
+        stored = {}
+        for allocation in allocations:
+            try:
+                _check_allocation(allocation)
+            except EventRejected:
+                continue
+            stored[allocation.uid] = allocation
+        added = self.load_decisions(a for a in stored.values() if a.uid not in self.pods)
+        released = 0
+        for uid, allocation in list(self.pods.items()):
+            if uid not in stored and allocation.bound_at < read_started:
+                self._release(uid)
+                self._released[uid] = self.clock()
+                released += 1
+        return added, released
+
     def _record(self, allocation: PodAllocation) -> None:
         if allocation.uid in self._released:
             return  # an old record arriving after its release

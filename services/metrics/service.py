@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -73,6 +74,8 @@ class MetricsService:
         self._bus: Bus | None = None
         self._runner: web.AppRunner | None = None
         self._flusher: asyncio.Task[None] | None = None
+        self._http: MetricsHttp | None = None
+        self._bus_shown: bool | None = None  # connected, as the stream clients last heard
         self._seq = 0
         self._port = 0
 
@@ -115,6 +118,8 @@ class MetricsService:
         self._runner, self._port = await serve(
             http.app(), self.settings.http_host, self.settings.http_port, shutdown_timeout=2.0
         )
+        self._http = http
+        bus.on_reconnect(self._resync)
         self._flusher = asyncio.create_task(self._flush_changes(), name="metrics-flush")
         log.info("metrics serving", extra={"url": self.url})
 
@@ -169,12 +174,42 @@ class MetricsService:
             log.info("picture rebuilt from KV", extra={"bucket": self.settings.kv_bucket,
                      "pods": loaded, "malformed": len(decisions.malformed)})  # fmt: skip
 
+    def _send_bus_status(self) -> None:
+        """A `bus` frame to every stream client when NATS went or came back: the dashboard
+        shows "bus down since ..." instead of "live" meanwhile."""
+        if self._http is None or self._bus is None:
+            return
+        connected = self._bus.client.is_connected
+        if not connected and self._bus.down_since is None:
+            return  # the client noticed before its callback noted since when: next round
+        if connected == self._bus_shown:
+            return
+        self._bus_shown = connected
+        self.stream.publish(frame("bus", msgspec.json.encode(self._http.bus_status())))
+
+    async def _resync(self) -> None:
+        """The bus is back: decisions made or undone while we could not hear them are read
+        from the allocator's KV state (inventory and usage come back with the agents'
+        re-sends)."""
+        assert self._bus is not None
+        source = self._decisions or KvDecisionSource(
+            self._bus.client, self.settings.kv_bucket, self.settings.kv_timeout_s
+        )
+        started = time.time()
+        decisions = await source.load()
+        if not decisions.found:
+            return
+        added, removed = self.picture.resync_decisions(decisions.allocations, started)
+        log.info("picture resynchronised after the bus came back",
+                 extra={"added": added, "released": removed})  # fmt: skip
+
     async def _flush_changes(self) -> None:
         """Age the picture and send what changed to stream clients, at most every interval."""
         interval = self.settings.stream_interval_s
         while True:
             await asyncio.sleep(interval)
             try:
+                self._send_bus_status()
                 self.picture.sweep()
                 changes = self.picture.take_changes()
                 if not changes or not self.stream.has_clients:

@@ -446,6 +446,11 @@ class RelayHub:
             throttled_ms=sum(last.throttled_ms for last in lasts),
         )
 
+    def resend_all(self) -> None:
+        """Publish every container again at the next flush (the bus lost what was sent)."""
+        for listener in self._listeners.values():
+            listener.dirty = True
+
     async def flush(self) -> int:
         """Publish every container that changed since the last flush; how many were sent."""
         sent = 0

@@ -298,6 +298,15 @@ class NodeAgent:
         stack.push_async_callback(publisher.stop)
         await self._label(catalog.gpus)
 
+        async def resend() -> None:
+            # Whatever was published while the bus was down is lost: say it all again now
+            # rather than at the next heartbeat or change.
+            await publisher.publish_inventory()
+            await publisher.publish_usage()
+            relay.resend_all()
+
+        bus.on_reconnect(resend)
+
         async def on_change() -> None:
             await publisher.publish_inventory()
             await self._label(catalog.gpus)

@@ -14,6 +14,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from services.common.embedded_nats import EmbeddedNats
 from tests.cli.test_vgpu_up import run_vgpu
 from tests.cli.test_vgpu_up_supervise import manifest_named, start_up, stop_up
@@ -37,6 +39,24 @@ def wait_for_gauges(allocator_url: str, value: float, timeout_s: float = 20) -> 
         time.sleep(0.2)
 
 
+def bus_badge(metrics_url: str) -> dict[str, object]:
+    """The `bus` frame the dashboard's live stream sends right after its snapshot."""
+    with urllib.request.urlopen(f"{metrics_url}/api/v1/events", timeout=10) as stream:
+        event = ""
+        for raw in stream:
+            line = raw.decode().rstrip("\n")
+            if line.startswith("event: "):
+                event = line.removeprefix("event: ")
+            elif line.startswith("data: ") and event == "bus":
+                return json.loads(line.removeprefix("data: "))
+    raise AssertionError("the stream ended without a bus frame")
+
+
+def picture(metrics_url: str) -> dict[str, object]:
+    with urllib.request.urlopen(f"{metrics_url}/api/v1/picture", timeout=5) as response:
+        return json.loads(response.read())
+
+
 def readiness(allocator_url: str) -> tuple[int, dict[str, object]]:
     try:
         with urllib.request.urlopen(f"{allocator_url}/readyz", timeout=5) as response:
@@ -57,6 +77,8 @@ def test_a_stopped_nats_is_reported_everywhere_and_everything_recovers(tmp_path:
         up = wait_for_gauges(allocator, 1.0)
         assert "vgpu-metrics" in up and any(c.startswith("vgpu-allocator") for c in up), up
         assert readiness(allocator)[0] == 200
+        metrics = urls["metrics_url"]
+        assert bus_badge(metrics)["connected"] is True
 
         nats.stop()
         down = wait_for_gauges(allocator, 0.0)
@@ -64,6 +86,9 @@ def test_a_stopped_nats_is_reported_everywhere_and_everything_recovers(tmp_path:
         status, ready = readiness(allocator)
         assert status == 503 and ready["nats_connected"] is False
         assert isinstance(ready["nats_down_since"], float)
+        badge = bus_badge(metrics)  # the dashboard: "bus down since <time>", not "live"
+        assert badge["connected"] is False and badge["nats_url"] == nats.url
+        assert badge["nats_down_since"] == pytest.approx(ready["nats_down_since"], abs=5)
 
         refused = run_vgpu("submit", str(manifest_named(tmp_path, "during")), state=state)
         assert refused.returncode == 1
@@ -80,6 +105,25 @@ def test_a_stopped_nats_is_reported_everywhere_and_everything_recovers(tmp_path:
         while (ready_again := readiness(allocator))[0] != 200:
             assert time.monotonic() < deadline, f"not ready after the bus came back: {ready_again}"
             time.sleep(0.2)
+        # Everyone resynchronised: the agents re-sent their inventory at once (every node is
+        # fresh in the picture and available to the allocator), the slice booked before the
+        # outage is still shown, and the dashboard is live again.
+        back_at = time.time()
+        deadline = time.monotonic() + 10
+        while True:
+            seen = picture(metrics)
+            nodes = {n["name"]: n for n in seen["nodes"]}  # type: ignore[index]
+            fresh = all(n["state"] == "up" and n["silent_s"] < 4.5 for n in nodes.values())
+            if len(nodes) == 2 and fresh:
+                break
+            assert time.monotonic() < deadline, f"the agents did not re-send: {nodes}"
+            time.sleep(0.2)
+        assert "half-gpu" in {p["name"] for p in seen["pods"]}  # type: ignore[index]
+        assert bus_badge(metrics)["connected"] is True
+        with urllib.request.urlopen(f"{allocator}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        assert re.search(r'vgpu_allocator_nodes\{[^}]*state="available"[^}]*\} 2\.0', text)
+        print(f"picture fresh {time.time() - back_at:.1f}s after the bus came back")
         after = manifest_named(tmp_path, "after")
         deadline = time.monotonic() + 30
         while (placed := run_vgpu("submit", str(after), state=state)).returncode != 0:

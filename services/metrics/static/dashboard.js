@@ -352,9 +352,24 @@ function setStatus(text, kind) {
   status.className = "status " + kind;
 }
 
+// The page is live only while the metrics service hears the bus: without NATS its picture
+// stops changing, so the badge says since when it has been cut off instead.
+let busDownSince = null;
+
+function showLive() {
+  if (busDownSince === null) setStatus("live", "live");
+  else setStatus("bus down since " + new Date(busDownSince * 1000).toLocaleTimeString(), "bus-down");
+}
+
+function applyBus(bus) {
+  busDownSince = bus.connected ? null : (bus.nats_down_since ?? Date.now() / 1000);
+  showLive();
+}
+
 function connect() {
   const source = new EventSource("/api/v1/events");
-  source.addEventListener("open", () => setStatus("live", "live"));
+  source.addEventListener("open", showLive);
+  source.addEventListener("bus", (event) => applyBus(JSON.parse(event.data)));
   source.addEventListener("error", () => setStatus("reconnecting…", "reconnecting"));
   source.addEventListener("snapshot", (event) => applySnapshot(JSON.parse(event.data)));
   source.addEventListener("change", (event) => applyChange(JSON.parse(event.data)));
