@@ -26,8 +26,11 @@ from tests.metrics.helpers import (
 )
 
 
-async def next_event(content: aiohttp.StreamReader, timeout: float = 5.0) -> tuple[str, Any]:
-    """The next SSE event (comments and retry lines skipped) as (name, decoded data)."""
+async def next_event(
+    content: aiohttp.StreamReader, timeout: float = 5.0, skip: tuple[str, ...] = ("bus",)
+) -> tuple[str, Any]:
+    """The next SSE event (comments and retry lines skipped, and `bus` frames unless asked
+    for: tests/metrics/test_bus_resync.py covers them) as (name, decoded data)."""
     name, data = "message", ""
     async with asyncio.timeout(timeout):
         while True:
@@ -40,7 +43,9 @@ async def next_event(content: aiohttp.StreamReader, timeout: float = 5.0) -> tup
             elif line.startswith("data: "):
                 data += line[6:]
             elif line == "" and data:
-                return name, json.loads(data)
+                if name not in skip:
+                    return name, json.loads(data)
+                name, data = "message", ""
 
 
 async def test_picture_pod_and_pending_endpoints(metrics: MetricsService, bus: Bus) -> None:
@@ -118,6 +123,8 @@ async def test_a_stream_ends_when_the_service_stops(nats_server: EmbeddedNats) -
         session.get(f"{service.url}/api/v1/events") as resp,
     ):
         assert (await next_event(resp.content))[0] == "snapshot"
+        name, bus = await next_event(resp.content, skip=())
+        assert name == "bus" and bus["connected"] is True
         started = asyncio.get_running_loop().time()
         await service.stop()
         assert await resp.content.read() == b""  # ended, not hanging
