@@ -16,8 +16,10 @@ The client is synchronous (urllib3), so every call runs in a worker thread.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import datetime
+import functools
 import json
 import logging
 import threading
@@ -37,6 +39,9 @@ __all__ = ["KubernetesBackend", "PodWatchHandler"]  # the handler's home is reco
 log = logging.getLogger("vgpu.allocator")
 
 WATCH_TIMEOUT_S = 5  # each watch request ends this often, so stopping never waits long
+# Lists and watches block a thread each for up to WATCH_TIMEOUT_S: they get their own threads
+# (nodes, bound pods, unbound pods, every pod), so binds and patches never queue behind them.
+WATCH_THREADS = 4
 # kube-scheduler's pod informers: assigned pods that have not ended, and the pending ones.
 BOUND_RUNNING_PODS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 UNBOUND_PODS = "spec.nodeName=,status.phase!=Succeeded,status.phase!=Failed"
@@ -55,6 +60,9 @@ class KubernetesBackend:
         self.core = k8s.CoreV1Api(api_client)
         self.component = component
         self._stopping = threading.Event()
+        self._watch_pool = concurrent.futures.ThreadPoolExecutor(
+            WATCH_THREADS, thread_name_prefix="kube-watch"
+        )
 
     @classmethod
     def from_settings(cls, settings: Any) -> KubernetesBackend:
@@ -77,6 +85,7 @@ class KubernetesBackend:
 
     async def close(self) -> None:
         self._stopping.set()
+        self._watch_pool.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(self._api_client.close)
 
     # -- ClusterBackend -------------------------------------------------------------------
@@ -212,7 +221,9 @@ class KubernetesBackend:
             while not self._stopping.is_set():
                 started = time.time()
                 try:
-                    items, version = await asyncio.to_thread(self._list, list_fn, **filters)
+                    items, version = await loop.run_in_executor(
+                        self._watch_pool, functools.partial(self._list, list_fn, **filters)
+                    )
                 except Exception as exc:
                     log.warning("cannot list", extra={"resource": what, "error": str(exc)})
                     await asyncio.sleep(1)
@@ -222,8 +233,11 @@ class KubernetesBackend:
                 gone = False
                 while not gone and not self._stopping.is_set():
                     try:
-                        version, gone = await asyncio.to_thread(
-                            self._watch_once, list_fn, version, deliver, **filters
+                        version, gone = await loop.run_in_executor(
+                            self._watch_pool,
+                            functools.partial(
+                                self._watch_once, list_fn, version, deliver, **filters
+                            ),
                         )
                     except Exception as exc:  # the connection broke: list again, later
                         log.warning(

@@ -315,12 +315,14 @@ class RelayHub:
         return max(size, limit.memory_limit_mib)
 
     def _check_sizes(self, container: ResolvedContainer, message: HookMessage) -> None:
-        """Refuse figures no device of this container can hold (10^12 MiB and the like)."""
-        for device in getattr(message, "devices", []):
+        """Refuse usage figures no device of this container can hold (10^12 MiB and the
+        like): they would be published as the container's usage."""
+        if not isinstance(message, Usage):
+            return  # a hello's limits are not relayed: verify.py compares them (tampering)
+        for device in message.devices:
             figures = (
-                ("limit_mib", getattr(device, "limit_mib", 0)),
-                ("used_mib", getattr(device, "used_mib", 0)),
-                ("process_used_mib", getattr(device, "process_used_mib", 0)),
+                ("used_mib", device.used_mib),
+                ("process_used_mib", device.process_used_mib),
             )
             ceiling = self._ceiling_mib(container, device.index)
             for name, value in figures:

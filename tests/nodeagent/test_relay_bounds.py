@@ -21,7 +21,6 @@ from tests.nodeagent.test_relay import (
     closed_by_agent,
     connect,
     hello,
-    line,
     rejected,
     usage,
 )
@@ -47,12 +46,9 @@ async def test_figures_past_the_device_and_non_utf8_lines_are_refused_and_counte
         directory = await admitted_dir(kubelet, dirs, gpu_pod("big", {"main": 1}))
         size = next(g.memory_mib for g in agent.gpus if g.uuid in
                     (directory / "config" / "limits").read_text())  # fmt: skip
-        absurd_hello = line(type="hello", pid=7, comm="python", devices=[
-            {"index": 0, "uuid": "x", "limit_mib": 10**12, "cores": 1}])  # fmt: skip
         cases = [
             ("over_device_size", hello() + usage(10**12), "used_mib = 1000000000000 MiB"),
             ("over_device_size", hello() + usage(size + 1), ""),  # logged once a minute per reason
-            ("over_device_size", absurd_hello, ""),
             ("not_utf8", b'{"v":1,"type":"exit","pid":1,"x":"\xff"}\n', "byte 0xff at offset"),
             ("not_utf8", hello() + b"\xc3\x28\n", ""),
         ]
