@@ -47,7 +47,8 @@ def bounded_app(
     error_key: str = "error",
     middlewares: tuple[Callable[..., Awaitable[web.StreamResponse]], ...] = (),
 ) -> web.Application:
-    """An application whose request bodies may not exceed `max_body_bytes` (413 past it)."""
+    """An application whose request bodies may not exceed `max_body_bytes` (413 past it).
+    `middlewares` run first (outermost): an identity check refuses before the size does."""
 
     @web.middleware
     async def limit_body(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -59,7 +60,7 @@ def bounded_app(
         except web.HTTPRequestEntityTooLarge:  # chunked: found while reading
             return too_large(server, max_body_bytes, None, setting, error_key)
 
-    return web.Application(client_max_size=max_body_bytes, middlewares=[limit_body, *middlewares])
+    return web.Application(client_max_size=max_body_bytes, middlewares=[*middlewares, limit_body])
 
 
 async def serve(
