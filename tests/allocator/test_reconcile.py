@@ -43,7 +43,11 @@ def released(reason: str) -> float:
 async def bound_pod(allocator: Allocator, name: str, node: str = "n1") -> dict:
     p = pod(name, [container("m", mem=10000)], namespace="ml")
     admit_to_cluster(allocator, p)
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession() as http:  # as kube-scheduler: filter, then bind
+        status, answer = await post(
+            http, f"{allocator.url}/scheduler/filter", filter_args(p, [node])
+        )
+        assert status == 200 and answer["NodeNames"] == [node], answer
         status, answer = await post(http, f"{allocator.url}/scheduler/bind", bind_args(p, node))
     assert status == 200 and answer == {"Error": ""}, answer
     return p
