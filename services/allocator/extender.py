@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram,
 
 from services.common.http_server import bounded_app
 from services.common.quantity import QuantityError
+from services.common.rate_log import RateLimitedLog
 from services.common.tracing import context_from_headers, current_traceparent, tracer
 
 from . import wire
@@ -28,6 +29,7 @@ from .core import FilterOutcome
 from .engine import BindError, PlacementEngine
 
 log = logging.getLogger("vgpu.allocator")
+_bad_requests = RateLimitedLog(log, 60.0)
 _tracer = tracer("vgpu.allocator")
 
 EXTENDER_CALLS = Counter(
@@ -120,7 +122,11 @@ def _serve_verb(
                 where = "Pod " if isinstance(exc, QuantityError) else ""
                 EXTENDER_CALLS.labels(verb=name, outcome="bad_request").inc()
                 span.set_status(Status(StatusCode.ERROR, str(exc)))
-                log.warning("bad extender request", extra={"verb": name, "error": str(exc)})
+                # Counted every time; logged once a minute per verb (a flood of bad bodies
+                # must not become a flood of log lines).
+                _bad_requests.warning(
+                    name, "bad extender request", {"verb": name, "error": str(exc)[:500]}
+                )
                 return _json({"Error": f"bad {name} request: {where}{exc}"}, status=400)
             except web.HTTPException as exc:  # e.g. 413 for a body over MAX_BODY_BYTES
                 EXTENDER_CALLS.labels(verb=name, outcome="bad_request").inc()

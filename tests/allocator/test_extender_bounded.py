@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import re
 import ssl
 import threading
 import time
@@ -173,3 +175,20 @@ async def test_the_metrics_service_refuses_bodies_past_its_limit(nats_server) ->
                 assert response.status == 200
     finally:
         await metrics.stop()
+
+
+async def test_a_flood_of_bad_requests_is_counted_each_time_and_logged_once(
+    allocator: Allocator, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="vgpu.allocator")
+    for _ in range(200):
+        status, _ = await post(http, f"{allocator.url}/scheduler/filter", b"{not json")
+        assert status == 400
+    lines = [r for r in caplog.records if r.getMessage() == "bad extender request"]
+    assert len(lines) <= 1, len(lines)  # one a minute per verb (none if logged a moment ago)
+    async with http.get(f"{allocator.url}/metrics") as response:
+        text = await response.text()
+    counted = re.search(
+        r'vgpu_allocator_extender_requests_total\{outcome="bad_request",verb="filter"\} (\S+)', text
+    )
+    assert counted and float(counted.group(1)) >= 200
