@@ -48,9 +48,7 @@ async def test_a_partitioned_replica_reads_the_bookings_it_missed(
         p = pod("while-cut", [container("m", mem=10000)], namespace="ml")
         admit_to_cluster(other, p)
         async with aiohttp.ClientSession() as http:
-            status, answer = await post(
-                http, f"{other.url}/scheduler/filter", filter_args(p, ["n1"])
-            )
+            _, answer = await post(http, f"{other.url}/scheduler/filter", filter_args(p, ["n1"]))
             assert answer["NodeNames"] == ["n1"], answer
             _, answer = await post(http, f"{other.url}/scheduler/bind", bind_args(p, "n1"))
             assert answer == {"Error": ""}, answer
