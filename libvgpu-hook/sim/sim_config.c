@@ -83,6 +83,12 @@ int sim_load_config(struct sim_config *out)
         }
         out->queue_ns = us * 1000;
     }
+    if ((v = getenv("VGPU_SIM_HOST_MIB")) && *v) {
+        if (parse_u64(v, &out->host_mib) != 0 || out->host_mib > (UINT64_MAX >> 20)) {
+            fprintf(stderr, "vgpu-sim: invalid VGPU_SIM_HOST_MIB='%s'\n", v);
+            return -1;
+        }
+    }
     if ((v = getenv("VGPU_SIM_STATE_DIR")) && *v)
         snprintf(out->state_dir, sizeof out->state_dir, "%s", v);
     else

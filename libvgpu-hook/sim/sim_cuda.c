@@ -9,10 +9,21 @@
  * CUDA_ERROR_NOT_INITIALIZED before cuInit and CUDA_ERROR_OUT_OF_MEMORY when a
  * device is full. Thread-safe; contexts are per-thread current, as in CUDA.
  * Simplifications: no context stack; allocations belong to devices, not
- * contexts; memory is per process (each process sees whole devices), while
- * kernel execution time is shared by all processes (sim_exec.c). What each
- * process holds is also recorded in the device's shared process table
- * (sim_procs.h), which the simulated NVML lists as the real one would. */
+ * contexts. Kernel execution time is shared by all processes (sim_exec.c).
+ * What each process holds is recorded in the device's shared process table
+ * (sim_procs.h), which the simulated NVML lists as the real one would, and the
+ * card's capacity is shared through it: an allocation fits only in what no
+ * live process holds (checked, then taken: two processes racing for the last
+ * bytes may both get them).
+ *
+ * Managed memory (cuMemAllocManaged) pages, within VGPU_SIM_HOST_MIB of host
+ * memory per process (default 0: it must fit on the card, as before): the part
+ * that fits on the card when it is allocated is resident there (and counts on
+ * the device, in NVML), the rest stays on the host. At
+ * every kernel launch, host-resident managed memory of the process whose
+ * preferred location is a device (cuMemAdvise, or none given) pages onto that
+ * device where it has room; a device allocation that does not fit first pages
+ * the process's own managed memory out to the host. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -32,6 +43,10 @@ struct sim_alloc {
     unsigned long long key; /* device pointer, or handle for arrays and VMM */
     size_t bytes;
     int dev, charged; /* charged: counts towards the device's used memory */
+    /* Managed memory: bytes of it on the device (charged) and on the host, and its
+     * preferred location (cuMemAdvise; -1 the host, -2 none given). */
+    int managed, preferred;
+    size_t resident, on_host;
     enum alloc_kind kind;
     struct sim_alloc *next;
 };
@@ -58,6 +73,7 @@ static struct {
 static struct sim_alloc *allocs; /* newest first */
 static unsigned long long next_handle = 1;
 static struct sim_procs procs[SIM_MAX_DEVICES]; /* what NVML lists per process (sim_procs.h) */
+static _Atomic uint64_t managed_on_host; /* bytes of this process's managed memory on the host */
 
 /* This process's device memory as the device sees it, whatever the hook saw.
  * Called with mu held, from every path that takes or gives charged memory. */
@@ -312,6 +328,72 @@ SIM_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
 
 /* --- memory ------------------------------------------------------------------------------ */
 
+/* What the card has free: its memory less what this process and every other
+ * live one hold on it. Called with mu held. */
+static size_t device_free(int dev)
+{
+    uint64_t used = devices[dev].used + sim_procs_others_used(&procs[dev]);
+    return used < devices[dev].total ? devices[dev].total - used : 0;
+}
+
+/* Moves up to want bytes of this process's managed memory on dev between the card and
+ * the host (out: to the host, within its room there). Called with mu held; returns the
+ * bytes moved. */
+static size_t page(int dev, size_t want, int out)
+{
+    size_t moved = 0;
+    if (out) {
+        uint64_t host = sim_cfg.host_mib * MIB, now = atomic_load(&managed_on_host);
+        uint64_t room = now < host ? host - now : 0;
+        want = want < room ? want : room;
+    }
+    for (struct sim_alloc *a = allocs; a && moved < want; a = a->next) {
+        if (!a->managed || a->dev != dev)
+            continue;
+        size_t n = out ? a->resident : (a->preferred == -1 ? 0 : a->on_host);
+        n = n < want - moved ? n : want - moved;
+        if (!n)
+            continue;
+        if (out) {
+            a->resident -= n, a->on_host += n;
+            devices[dev].used -= n;
+            device_charge(dev, -(int64_t)n);
+            atomic_fetch_add(&managed_on_host, n);
+        } else {
+            a->resident += n, a->on_host -= n;
+            devices[dev].used += n;
+            device_charge(dev, (int64_t)n);
+            atomic_fetch_sub(&managed_on_host, n);
+        }
+        moved += n;
+    }
+    return moved;
+}
+
+/* Whether bytes fit on dev, paging this process's managed memory out to make room
+ * (as the driver evicts managed pages for a device allocation). Called with mu held. */
+static int make_room(int dev, size_t bytes)
+{
+    size_t free_now = device_free(dev);
+    if (bytes <= free_now)
+        return 1;
+    page(dev, bytes - free_now, 1);
+    return bytes <= device_free(dev);
+}
+
+void sim_managed_page_in(void)
+{
+    if (!atomic_load_explicit(&managed_on_host, memory_order_relaxed))
+        return; /* the common case: nothing to page, no lock */
+    pthread_mutex_lock(&mu);
+    for (int dev = 0; dev < sim_cfg.device_count; dev++) {
+        size_t room = device_free(dev);
+        if (room)
+            page(dev, room, 0);
+    }
+    pthread_mutex_unlock(&mu);
+}
+
 /* Records an allocation of bytes on dev; *key gets a fresh device address
  * (linear kinds) or handle (others). */
 static CUresult take(int dev, size_t bytes, enum alloc_kind kind, int charge,
@@ -319,11 +401,11 @@ static CUresult take(int dev, size_t bytes, enum alloc_kind kind, int charge,
 {
     if (bytes == 0)
         return CUDA_ERROR_INVALID_VALUE;
-    struct sim_alloc *a = malloc(sizeof *a);
+    struct sim_alloc *a = calloc(1, sizeof *a);
     if (!a)
         return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&mu);
-    if (charge && bytes > devices[dev].total - devices[dev].used) {
+    if (charge && !make_room(dev, bytes)) {
         pthread_mutex_unlock(&mu);
         free(a);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -338,6 +420,7 @@ static CUresult take(int dev, size_t bytes, enum alloc_kind kind, int charge,
     a->dev = dev;
     a->charged = charge;
     a->kind = kind;
+    a->resident = charge ? bytes : 0;
     a->next = allocs;
     allocs = a;
     if (charge) {
@@ -346,6 +429,39 @@ static CUresult take(int dev, size_t bytes, enum alloc_kind kind, int charge,
     }
     pthread_mutex_unlock(&mu);
     *key = a->key;
+    return CUDA_SUCCESS;
+}
+
+static CUresult give(unsigned long long key, enum alloc_kind kind);
+
+/* Managed memory: on the card as far as it fits now, the rest on the host. */
+static CUresult take_managed(int dev, size_t bytes, CUdeviceptr *key)
+{
+    CUresult rc = take(dev, bytes, LINEAR, 0, key);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&mu);
+    struct sim_alloc *a = allocs; /* take() put it first; other threads may have since */
+    while (a->key != *key || a->kind != LINEAR)
+        a = a->next;
+    size_t room = device_free(dev);
+    uint64_t host = sim_cfg.host_mib * MIB, on_host = atomic_load(&managed_on_host);
+    size_t host_room = on_host < host ? host - on_host : 0;
+    if (bytes > room && bytes - room > host_room) {
+        /* Neither the card nor the host memory it may page to can hold it. */
+        pthread_mutex_unlock(&mu);
+        give(*key, LINEAR);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    a->managed = 1;
+    a->preferred = -2;
+    a->charged = 1;
+    a->resident = bytes < room ? bytes : room;
+    a->on_host = bytes - a->resident;
+    devices[dev].used += a->resident;
+    device_charge(dev, (int64_t)a->resident);
+    atomic_fetch_add(&managed_on_host, a->on_host);
+    pthread_mutex_unlock(&mu);
     return CUDA_SUCCESS;
 }
 
@@ -362,9 +478,11 @@ static CUresult give(unsigned long long key, enum alloc_kind kind)
     if (a) {
         *link = a->next;
         if (a->charged) {
-            devices[a->dev].used -= a->bytes;
-            device_charge(a->dev, -(int64_t)a->bytes);
+            devices[a->dev].used -= a->resident;
+            device_charge(a->dev, -(int64_t)a->resident);
         }
+        if (a->on_host)
+            atomic_fetch_sub(&managed_on_host, a->on_host);
     }
     pthread_mutex_unlock(&mu);
     free(a);
@@ -429,7 +547,39 @@ SIM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsign
 {
     if (flags != CU_MEM_ATTACH_GLOBAL && flags != 0x2 /* CU_MEM_ATTACH_HOST */)
         return sim_check_init() ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_INVALID_VALUE;
-    return alloc_linear(dptr, bytesize, LINEAR);
+    int dev;
+    CUresult rc = current_device(&dev);
+    if (rc || !dptr)
+        return rc ? rc : CUDA_ERROR_INVALID_VALUE;
+    return take_managed(dev, bytesize, dptr);
+}
+
+/* Advice on managed memory only (the real driver refuses other memory); the preferred
+ * location steers paging (see the top of this file). */
+SIM_EXPORT CUresult cuMemAdvise(CUdeviceptr devPtr, size_t count, CUmem_advise advice,
+                                CUdevice device)
+{
+    CUresult rc = sim_check_init();
+    if (rc)
+        return rc;
+    if (advice < CU_MEM_ADVISE_SET_READ_MOSTLY || advice > CU_MEM_ADVISE_UNSET_ACCESSED_BY ||
+        count == 0 || (device != -1 /* CU_DEVICE_CPU */ && sim_check_device(device)))
+        return CUDA_ERROR_INVALID_VALUE;
+    rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    for (struct sim_alloc *a = allocs; a; a = a->next) {
+        if (a->managed && devPtr >= a->key && devPtr - a->key < a->bytes &&
+            count <= a->bytes - (devPtr - a->key)) {
+            if (advice == CU_MEM_ADVISE_SET_PREFERRED_LOCATION)
+                a->preferred = device;
+            else if (advice == CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION)
+                a->preferred = -2;
+            rc = CUDA_SUCCESS;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
 }
 
 SIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
@@ -467,7 +617,7 @@ SIM_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     if (rc || !free_bytes || !total_bytes)
         return rc ? rc : CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&mu);
-    *free_bytes = devices[dev].total - devices[dev].used;
+    *free_bytes = device_free(dev);
     *total_bytes = devices[dev].total;
     pthread_mutex_unlock(&mu);
     return CUDA_SUCCESS;
@@ -583,7 +733,7 @@ CUresult sim_reserve(int dev, size_t bytes)
     if (rc)
         return rc;
     pthread_mutex_lock(&mu);
-    if (bytes > devices[dev].total - devices[dev].used) {
+    if (!make_room(dev, bytes)) {
         rc = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
         devices[dev].used += bytes;

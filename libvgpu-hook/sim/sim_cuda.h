@@ -44,6 +44,9 @@ CUresult sim_pool_address_give(CUdeviceptr dptr);
  * context limits): CUDA_ERROR_OUT_OF_MEMORY if it does not fit. */
 CUresult sim_reserve(int dev, size_t bytes);
 void sim_unreserve(int dev, size_t bytes);
+/* Pages host-resident managed memory of this process onto its preferred devices where
+ * they have room (called at every launch; cheap when there is none). */
+void sim_managed_page_in(void);
 
 /* sim_reserve.c: what a context's limits hold is given back with it; pools give back
  * what they keep above their release threshold at every synchronisation. */

@@ -301,6 +301,7 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
         return CUDA_ERROR_INVALID_HANDLE;
     if (!gx || !gy || !gz || !bx || !by || !bz || (uint64_t)bx * by * bz > 1024)
         return CUDA_ERROR_INVALID_VALUE;
+    sim_managed_page_in(); /* a kernel's accesses page managed memory back in */
     run_on(s, grid_ns(gx, gy, gz));
     return CUDA_SUCCESS;
 }

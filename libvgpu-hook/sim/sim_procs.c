@@ -141,6 +141,24 @@ void sim_procs_charge(struct sim_procs *p, int64_t delta)
     }
 }
 
+uint64_t sim_procs_others_used(struct sim_procs *p)
+{
+    if (!p->table)
+        return 0;
+    uint64_t total = 0;
+    int me = p->mine_pid == (int)getpid() ? p->mine : -1;
+    for (int i = 0; i < SIM_PROCS_SLOTS; i++) {
+        struct flock fl;
+        struct sim_proc_slot *s = &p->table->slot[i];
+        uint64_t used = atomic_load(&s->used_bytes);
+        if (i == me || s->pid == 0 || used == 0 || lock_slot(p->fd, i, F_GETLK, &fl) != 0)
+            continue;
+        if (fl.l_type != F_UNLCK) /* held: its owner lives (in whatever PID namespace) */
+            total += used;
+    }
+    return total;
+}
+
 int sim_procs_list(struct sim_procs *p, struct sim_proc_info *out, int max)
 {
     if (!p->table)

@@ -69,6 +69,10 @@ struct sim_proc_info {
     unsigned long long used_bytes;
 };
 
+/* What every other live process holds on the device (the card is shared: an
+ * allocation fits only in what none of them holds). */
+uint64_t sim_procs_others_used(struct sim_procs *p);
+
 /* The live processes of the device, at most max of them into out; returns how
  * many there are (which may exceed max). */
 int sim_procs_list(struct sim_procs *p, struct sim_proc_info *out, int max);

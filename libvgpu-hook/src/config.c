@@ -133,6 +133,7 @@ static int from_file(int fd, const char *path, int file_overhead_only, struct vg
         return -1;
     }
     out->described_devices = parsed.device_count;
+    out->spill_limit_mib = parsed.spill_limit_mib;
     if (parsed.line_of_context_overhead || file_overhead_only)
         out->context_overhead_mib = parsed.context_overhead_mib;
     if (parsed.pod[0]) {
@@ -144,6 +145,11 @@ static int from_file(int fd, const char *path, int file_overhead_only, struct vg
     for (int i = 0; i < parsed.device_count; i++) {
         out->memory_mib[i] = parsed.devices[i].memory_limit_mib;
         out->cores[i] = parsed.devices[i].cores;
+        out->virtual_memory[i] = parsed.devices[i].virtual_memory;
+        if (out->virtual_memory[i])
+            vgpu_log_info("device %d: virtual device memory: what the card cannot hold spills "
+                          "to managed memory (at most %llu MiB of host memory in all)",
+                          i, (unsigned long long)out->spill_limit_mib);
         snprintf(out->uuid[i], sizeof out->uuid[i], "%s", parsed.devices[i].uuid);
         char cores[32] = "no compute limit";
         if (out->cores[i] && out->cores[i] < 100)

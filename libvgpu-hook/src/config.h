@@ -39,6 +39,8 @@ struct vgpu_config {
     char uuid[VGPU_MAX_DEVICES][128];    /* "" when not given */
     int described_devices;               /* device_count of the limit file; -1 if none */
     uint64_t context_overhead_mib;
+    int virtual_memory[VGPU_MAX_DEVICES]; /* 1: spill to managed memory when the card is full */
+    uint64_t spill_limit_mib;             /* host memory all spilled allocations may take */
     enum vgpu_compute_policy policy;
 };
 

@@ -59,6 +59,12 @@ static void clamp_to_slice(int dev, uint64_t *free_bytes, uint64_t *total_bytes)
     vgpu_pools_refresh(dev); /* what pools gave back at synchronisations */
     uint64_t used = vgpu_region_used(vgpu_region, dev);
     uint64_t left = used < limit ? limit - used : 0;
+    if (vgpu_cfg.virtual_memory[dev]) {
+        /* What the card cannot hold spills: the whole slice is there to take. */
+        *total_bytes = limit;
+        *free_bytes = left;
+        return;
+    }
     if (*total_bytes > limit)
         *total_bytes = limit;
     if (*free_bytes > left)
@@ -109,7 +115,7 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = real(bytes, dev);
     uint64_t limit = vgpu_limit_bytes(dev);
-    if (rc == CUDA_SUCCESS && bytes && limit && *bytes > limit)
+    if (rc == CUDA_SUCCESS && bytes && limit && (*bytes > limit || vgpu_cfg.virtual_memory[dev]))
         *bytes = limit;
     return rc;
 }

@@ -134,6 +134,10 @@ int vgpu_limits_parse(FILE *f, const char *path, struct vgpu_limits *out, char *
             ONCE(out->line_of_context_overhead, key);
             if (vgpu_parse_u64(val, VGPU_MAX_MEMORY_MIB, &out->context_overhead_mib) != 0)
                 FAIL(line, "context_overhead_mib: '%.32s' is not a whole number of MiB", val);
+        } else if (strcmp(key, "spill_limit_mib") == 0) {
+            ONCE(out->line_of_spill_limit, key);
+            if (vgpu_parse_u64(val, VGPU_MAX_MEMORY_MIB, &out->spill_limit_mib) != 0)
+                FAIL(line, "spill_limit_mib: '%.32s' is not a whole number of MiB", val);
         } else if (strcmp(key, "namespace") == 0) {
             ONCE(line_of_ns, key);
             COPY(out->namespace_, val, key);
@@ -169,6 +173,11 @@ int vgpu_limits_parse(FILE *f, const char *path, struct vgpu_limits *out, char *
                 if (vgpu_parse_u64(val, 100, &v) != 0)
                     FAIL(line, "%s: '%.32s' is not a number from 0 to 100", name, val);
                 dev->cores = (unsigned)v;
+            } else if (strcmp(field, "virtual_memory") == 0) {
+                ONCE(dev->line_of_virtual, name);
+                if (vgpu_parse_u64(val, 1, &v) != 0)
+                    FAIL(line, "%s: '%.32s' is not 0 or 1", name, val);
+                dev->virtual_memory = (int)v;
             } else if (strcmp(field, "uuid") == 0) {
                 ONCE(dev->line_of_uuid, name);
                 COPY(dev->uuid, val, name);

@@ -20,7 +20,8 @@ struct vgpu_device_limits {
     char uuid[128];
     uint64_t memory_limit_mib; /* 0 = unlimited */
     unsigned cores;            /* 0-100; 0 = no compute limit */
-    int line_of_uuid, line_of_memory, line_of_cores; /* 0 = key absent */
+    int virtual_memory;        /* 1: spill what the card cannot hold to managed memory */
+    int line_of_uuid, line_of_memory, line_of_cores, line_of_virtual; /* 0 = key absent */
     int first_line; /* first line naming this device, 0 if none */
 };
 
@@ -29,6 +30,8 @@ struct vgpu_limits {
     int device_count;
     uint64_t context_overhead_mib; /* optional; charged per CUDA context */
     int line_of_context_overhead;  /* 0 = key absent */
+    uint64_t spill_limit_mib;      /* host memory spilled allocations may take, all devices */
+    int line_of_spill_limit;       /* 0 = key absent (then nothing may spill) */
     char namespace_[254], pod[254], container[254];
     struct vgpu_device_limits devices[VGPU_MAX_DEVICES];
 };

@@ -82,8 +82,48 @@ static CUresult refuse_legacy(const char *name)
 
 typedef CUresult (*alloc_call)(void *args, CUdeviceptr *dptr);
 
+/* Virtual device memory (device.<i>.virtual_memory in the limit file, written for GPUs
+ * whose memory scaling is above 1): an allocation that fits the slice, already charged,
+ * but that the card cannot hold any more is given as managed memory that prefers the
+ * device, so it lives on the card where it fits and pages to host memory where it does
+ * not. The container's spilled bytes are bounded by the limit file's spill_limit_mib. */
+static CUresult spill(CUdeviceptr *dptr, size_t bytes, int dev, CUcontext ctx)
+{
+    static struct vgpu_log_limit bound = VGPU_LOG_LIMIT("cannot spill to host memory");
+    vgpu_cuMemAllocManaged_fn managed = REAL(cuMemAllocManaged);
+    vgpu_cuMemAdvise_fn advise = REAL(cuMemAdvise);
+    int slot = vgpu_slot();
+    if (!managed || slot < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (vgpu_region_spill(vgpu_region, slot, dev, bytes, vgpu_cfg.spill_limit_mib * MIB) != 0) {
+        char a[32];
+        vgpu_log_error_limited(&bound,
+                               "out of memory on device %d: the card is full and %s more would "
+                               "take spilled memory past its host bound (spill_limit_mib=%llu)",
+                               dev, vgpu_format_size(a, sizeof a, bytes),
+                               (unsigned long long)vgpu_cfg.spill_limit_mib);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    CUresult rc = managed(dptr, bytes, CU_MEM_ATTACH_GLOBAL);
+    if (rc != CUDA_SUCCESS) {
+        vgpu_region_unspill(vgpu_region, slot, dev, bytes);
+        return rc;
+    }
+    if (advise) { /* advice only steers paging: the memory is usable without it */
+        (void)advise(*dptr, bytes, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, dev);
+        (void)advise(*dptr, bytes, CU_MEM_ADVISE_SET_ACCESSED_BY, dev);
+    }
+    struct vgpu_object o = {.kind = VGPU_LINEAR, .key = *dptr, .bytes = bytes, .dev = dev,
+                            .ctx = (uint64_t)(uintptr_t)ctx, .flags = VGPU_SPILLED};
+    if (vgpu_track_add(&vgpu_objects, &o) != 0)
+        vgpu_log_error("out of host memory tracking an allocation of %llu bytes on device %d",
+                       (unsigned long long)bytes, dev);
+    return CUDA_SUCCESS;
+}
+
 /* Charges bytes on the current context's device, then lets call allocate. */
-static CUresult alloc_linear(CUdeviceptr *dptr, size_t bytes, alloc_call call, void *args)
+static CUresult alloc_linear(CUdeviceptr *dptr, size_t bytes, alloc_call call, void *args,
+                             int may_spill)
 {
     READY_OR_RETURN();
     CUcontext ctx;
@@ -94,6 +134,11 @@ static CUresult alloc_linear(CUdeviceptr *dptr, size_t bytes, alloc_call call, v
     if (rc != CUDA_SUCCESS)
         return rc;
     rc = call(args, dptr);
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY && may_spill && vgpu_cfg.virtual_memory[dev]) {
+        rc = spill(dptr, bytes, dev, ctx); /* within the slice, but the card is full */
+        if (rc == CUDA_SUCCESS)
+            return rc;
+    }
     return settle(rc, VGPU_LINEAR, rc == CUDA_SUCCESS ? *dptr : 0, dev, bytes, ctx);
 }
 
@@ -112,7 +157,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     REAL_OR_RETURN(cuMemAlloc_v2);
     struct plain_args a = {real, bytesize};
-    return alloc_linear(dptr, bytesize, call_plain, &a);
+    return alloc_linear(dptr, bytesize, call_plain, &a, 1);
 }
 
 CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
@@ -138,7 +183,7 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flag
 {
     REAL_OR_RETURN(cuMemAllocManaged);
     struct managed_args a = {real, bytesize, flags};
-    return alloc_linear(dptr, bytesize, call_managed, &a);
+    return alloc_linear(dptr, bytesize, call_managed, &a, 0);
 }
 
 /* The pitch is only known afterwards: charge the aligned estimate, then settle

@@ -198,10 +198,13 @@ static int slot_alive(struct vgpu_region *r, int slot, uint32_t my_pidns)
 static void recompute_totals(struct vgpu_region *r)
 {
     memset(r->used, 0, sizeof r->used);
+    memset(r->spilled, 0, sizeof r->spilled);
     for (int i = 0; i < VGPU_REGION_SLOTS; i++)
         if (r->slots[i].pid)
-            for (int d = 0; d < VGPU_MAX_DEVICES; d++)
+            for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
                 r->used[d] += r->slots[i].used[d];
+                r->spilled[d] += r->slots[i].spilled[d];
+            }
 }
 
 void vgpu_region_lock(struct vgpu_region *r)
@@ -276,6 +279,8 @@ static void free_slot(struct vgpu_region *r, int slot)
     for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
         r->used[d] -= s->used[d] < r->used[d] ? s->used[d] : r->used[d];
         s->used[d] = 0;
+        r->spilled[d] -= s->spilled[d] < r->spilled[d] ? s->spilled[d] : r->spilled[d];
+        s->spilled[d] = 0;
         atomic_store_explicit(&s->launches[d], 0, memory_order_relaxed);
     }
     for (int i = 0; i < VGPU_REGION_EXPORTS; i++)
@@ -332,6 +337,7 @@ int vgpu_region_attach(struct vgpu_region *r, pid_t pid)
         if (!r->slots[i].pid) {
             slot = i;
             memset(r->slots[i].used, 0, sizeof r->slots[i].used);
+            memset(r->slots[i].spilled, 0, sizeof r->slots[i].spilled);
             /* The lock before the pid: a reaper never sees the slot taken but unlocked. */
             r->slots[i].locked = pid == getpid() && vgpu_liveness_claim(r, i);
             r->slots[i].pidns = pidns;
@@ -400,6 +406,49 @@ void vgpu_region_release(struct vgpu_region *r, int slot, int dev, uint64_t byte
     s->used[dev] -= b;
     r->used[dev] -= b < r->used[dev] ? b : r->used[dev];
     vgpu_region_unlock(r);
+}
+
+int vgpu_region_spill(struct vgpu_region *r, int slot, int dev, uint64_t bytes,
+                      uint64_t host_limit)
+{
+    if (slot < 0 || slot >= VGPU_REGION_SLOTS || dev < 0 || dev >= VGPU_MAX_DEVICES)
+        return -1;
+    vgpu_region_lock(r);
+    uint64_t spilled = 0;
+    for (int d = 0; d < VGPU_MAX_DEVICES; d++)
+        spilled += r->spilled[d];
+    int ok = bytes <= host_limit && spilled <= host_limit - bytes;
+    if (!ok && reap_locked(r) > 0) {
+        spilled = 0;
+        for (int d = 0; d < VGPU_MAX_DEVICES; d++)
+            spilled += r->spilled[d];
+        ok = bytes <= host_limit && spilled <= host_limit - bytes;
+    }
+    if (ok) {
+        r->slots[slot].spilled[dev] += bytes;
+        r->spilled[dev] += bytes;
+    }
+    vgpu_region_unlock(r);
+    return ok ? 0 : -1;
+}
+
+void vgpu_region_unspill(struct vgpu_region *r, int slot, int dev, uint64_t bytes)
+{
+    if (slot < 0 || slot >= VGPU_REGION_SLOTS || dev < 0 || dev >= VGPU_MAX_DEVICES)
+        return;
+    vgpu_region_lock(r);
+    struct vgpu_slot *s = &r->slots[slot];
+    uint64_t b = bytes < s->spilled[dev] ? bytes : s->spilled[dev];
+    s->spilled[dev] -= b;
+    r->spilled[dev] -= b < r->spilled[dev] ? b : r->spilled[dev];
+    vgpu_region_unlock(r);
+}
+
+uint64_t vgpu_region_spilled(struct vgpu_region *r, int dev)
+{
+    if (dev < 0 || dev >= VGPU_MAX_DEVICES)
+        return 0;
+    return __atomic_load_n(&r->spilled[dev], __ATOMIC_RELAXED);
 }
 
 uint64_t vgpu_region_used(struct vgpu_region *r, int dev)

@@ -46,7 +46,7 @@
 
 #define VGPU_REGION_FILE "hook.region"
 #define VGPU_REGION_MAGIC 0x3147455255504756ull /* "VGPUREG1" */
-#define VGPU_REGION_LAYOUT 3
+#define VGPU_REGION_LAYOUT 4
 #define VGPU_REGION_SLOTS 256
 #define VGPU_REGION_EXPORTS 256
 #define VGPU_REGION_SHARED 64
@@ -61,6 +61,7 @@ struct vgpu_slot {
     uint32_t unused;
     uint64_t used[VGPU_MAX_DEVICES]; /* bytes this process holds */
     _Atomic uint64_t launches[VGPU_MAX_DEVICES];
+    uint64_t spilled[VGPU_MAX_DEVICES]; /* of used: given as managed memory (card full) */
 };
 
 struct vgpu_export {
@@ -81,6 +82,7 @@ struct vgpu_region {
     uint32_t layout, size;
     pthread_mutex_t lock;
     uint64_t used[VGPU_MAX_DEVICES];          /* sum of the slots (under lock) */
+    uint64_t spilled[VGPU_MAX_DEVICES];       /* likewise, of their spilled bytes */
     _Atomic uint64_t limiter_tat[VGPU_MAX_DEVICES]; /* limiter.h */
     struct vgpu_export exports[VGPU_REGION_EXPORTS];
     struct vgpu_shared shared[VGPU_REGION_SHARED];
@@ -118,6 +120,15 @@ int vgpu_region_reserve(struct vgpu_region *r, int slot, int dev, uint64_t bytes
 
 /* Gives back bytes on dev from slot (never below zero). */
 void vgpu_region_release(struct vgpu_region *r, int slot, int dev, uint64_t bytes);
+
+/* Virtual device memory: of what slot holds on dev, bytes were given as managed memory
+ * because the card was full. spill records them if the container's spilled bytes on all
+ * devices stay <= host_limit (the host memory they may take; 0 = none may spill): 0, or -1.
+ * unspill gives them back (they stay charged in `used` until released as usual). */
+int vgpu_region_spill(struct vgpu_region *r, int slot, int dev, uint64_t bytes,
+                      uint64_t host_limit);
+void vgpu_region_unspill(struct vgpu_region *r, int slot, int dev, uint64_t bytes);
+uint64_t vgpu_region_spilled(struct vgpu_region *r, int dev);
 
 /* The container's total on dev, and one slot's part of it. */
 uint64_t vgpu_region_used(struct vgpu_region *r, int dev);

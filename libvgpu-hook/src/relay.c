@@ -114,8 +114,11 @@ static void send_usage(struct relay *r)
     char line[VGPU_RELAY_MAX_LINE];
     int slot = vgpu_slot();
     for (int i = 0; i < r->devices; i++) {
-        d[i] = (struct vgpu_usage_device){i, to_mib(vgpu_region_used(vgpu_region, i)),
-                                          to_mib(vgpu_region_slot_used(vgpu_region, slot, i))};
+        d[i] = (struct vgpu_usage_device){
+            i, to_mib(vgpu_region_used(vgpu_region, i)),
+            to_mib(vgpu_region_slot_used(vgpu_region, slot, i)),
+            vgpu_cfg.virtual_memory[i] ? (int64_t)to_mib(vgpu_region_spilled(vgpu_region, i))
+                                       : -1};
         r->last_used[i] = vgpu_region_slot_used(vgpu_region, slot, i);
     }
     queue(r, line,

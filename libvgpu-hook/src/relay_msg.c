@@ -75,10 +75,14 @@ int vgpu_msg_usage(char *buf, size_t len, int pid, uint64_t ts_ms,
     struct out o = {buf, len, 0, 0};
     put(&o, "{\"v\":1,\"type\":\"usage\",\"pid\":%d,\"ts_ms\":%llu,\"devices\":[", pid,
         (unsigned long long)ts_ms);
-    for (int i = 0; i < n; i++)
-        put(&o, "%s{\"index\":%d,\"used_mib\":%llu,\"process_used_mib\":%llu}", i ? "," : "",
+    for (int i = 0; i < n; i++) {
+        put(&o, "%s{\"index\":%d,\"used_mib\":%llu,\"process_used_mib\":%llu", i ? "," : "",
             d[i].index, (unsigned long long)d[i].used_mib,
             (unsigned long long)d[i].process_used_mib);
+        if (d[i].spilled_mib >= 0)
+            put(&o, ",\"spilled_mib\":%lld", (long long)d[i].spilled_mib);
+        put(&o, "}");
+    }
     put(&o, "],\"launches\":%llu,\"throttled_ms\":%llu}", (unsigned long long)launches,
         (unsigned long long)throttled_ms);
     return finish(&o);

@@ -20,6 +20,7 @@ struct vgpu_hello_device {
 struct vgpu_usage_device {
     int index;
     uint64_t used_mib, process_used_mib;
+    int64_t spilled_mib; /* of used_mib: virtual device memory; -1 = not on (field left out) */
 };
 
 struct vgpu_util {

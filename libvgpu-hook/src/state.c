@@ -153,6 +153,8 @@ void vgpu_release_object(const struct vgpu_object *o, void *unused)
         vgpu_region_export_remove(vgpu_region, o->export);
     if (o->bytes)
         vgpu_uncharge(o->dev, o->bytes);
+    if (o->kind == VGPU_LINEAR && (o->flags & VGPU_SPILLED))
+        vgpu_region_unspill(vgpu_region, vgpu_slot(), o->dev, o->bytes);
 }
 
 uint64_t vgpu_now_ns(void)

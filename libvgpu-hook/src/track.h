@@ -36,6 +36,9 @@ enum vgpu_kind {
 #define VGPU_POOL_DESTROYED 2
 /* VGPU_GRAPH_EXEC: no free node in its graph: the allocation outlives a launch. */
 #define VGPU_PERSISTS 4
+/* VGPU_LINEAR: virtual device memory: managed memory given because the card was full
+ * (charged as usual, and counted as spilled in the region). */
+#define VGPU_SPILLED 8
 
 struct vgpu_object {
     enum vgpu_kind kind;

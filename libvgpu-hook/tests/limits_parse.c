@@ -70,6 +70,18 @@ static void test_minimal_files(void)
     CHECK(limits.line_of_context_overhead == 0);
     CHECK(parse(HEAD "device.0.memory_limit_mib=1\ncontext_overhead_mib=300\n") == 0);
     CHECK(limits.context_overhead_mib == 300 && limits.line_of_context_overhead == 4);
+    /* Virtual device memory: off unless the agent says so, with a host bound. */
+    CHECK(limits.devices[0].virtual_memory == 0 && limits.line_of_spill_limit == 0);
+    CHECK(parse(HEAD "device.0.memory_limit_mib=1\ndevice.0.virtual_memory=1\n"
+                     "spill_limit_mib=16384\n") == 0);
+    CHECK(limits.devices[0].virtual_memory == 1 && limits.spill_limit_mib == 16384);
+    expect_error(HEAD "device.0.memory_limit_mib=1\ndevice.0.virtual_memory=2\n",
+                 "/run/limits:4: device.0.virtual_memory: '2' is not 0 or 1");
+    expect_error(HEAD "device.0.memory_limit_mib=1\nspill_limit_mib=-1\n",
+                 "/run/limits:4: spill_limit_mib: '-1' is not a whole number of MiB");
+    expect_error(HEAD "device.0.memory_limit_mib=1\ndevice.0.virtual_memory=1\n"
+                      "device.0.virtual_memory=0\n",
+                 "/run/limits:5: duplicate key 'device.0.virtual_memory' (first set on line 4)");
 }
 
 static void test_malformed_lines(void)

@@ -139,11 +139,17 @@ static void test_messages(void)
                       "\"devices\":[{\"index\":0,\"uuid\":\"GPU-a\",\"limit_mib\":1024,"
                       "\"cores\":30},{\"index\":1,\"uuid\":\"GPU-\\\"b\\\"\",\"limit_mib\":0,"
                       "\"cores\":0}]}\n") == 0);
-    struct vgpu_usage_device ud[1] = {{0, 700, 300}};
+    struct vgpu_usage_device ud[2] = {{0, 700, 300, -1}, {1, 900, 900, 250}};
     n = vgpu_msg_usage(buf, sizeof buf, 42, 123456, ud, 1, 99, 7);
     CHECK(strcmp(buf, "{\"v\":1,\"type\":\"usage\",\"pid\":42,\"ts_ms\":123456,\"devices\":"
                       "[{\"index\":0,\"used_mib\":700,\"process_used_mib\":300}],"
                       "\"launches\":99,\"throttled_ms\":7}\n") == 0);
+    /* A device with virtual device memory also says how much of it spilled. */
+    n = vgpu_msg_usage(buf, sizeof buf, 42, 123456, ud, 2, 99, 7);
+    CHECK(strcmp(buf, "{\"v\":1,\"type\":\"usage\",\"pid\":42,\"ts_ms\":123456,\"devices\":"
+                      "[{\"index\":0,\"used_mib\":700,\"process_used_mib\":300},"
+                      "{\"index\":1,\"used_mib\":900,\"process_used_mib\":900,"
+                      "\"spilled_mib\":250}],\"launches\":99,\"throttled_ms\":7}\n") == 0);
     n = vgpu_msg_exit(buf, sizeof buf, 42);
     CHECK(n > 0 && strcmp(buf, "{\"v\":1,\"type\":\"exit\",\"pid\":42}\n") == 0);
     CHECK(vgpu_msg_exit(buf, 10, 42) == -1); /* does not fit */

@@ -67,6 +67,39 @@ static void test_dead_process_is_reaped(struct vgpu_region *r)
     CHECK(vgpu_region_used(r, 0) == 0);
 }
 
+/* Virtual device memory: spilled bytes are bounded by the host limit over all devices,
+ * given back with unspill, and a dead process's spill is reaped with its slot. */
+static void test_spill(struct vgpu_region *r)
+{
+    int s = vgpu_region_attach(r, getpid());
+    CHECK(vgpu_region_spill(r, s, 0, 600, 1000) == 0);
+    CHECK(vgpu_region_spill(r, s, 1, 400, 1000) == 0); /* the bound covers every device */
+    CHECK(vgpu_region_spill(r, s, 1, 1, 1000) == -1);
+    CHECK(vgpu_region_spill(r, s, 2, 1, 0) == -1);      /* 0: nothing may spill */
+    CHECK(vgpu_region_spill(r, s, 2, UINT64_MAX, UINT64_MAX - 1) == -1); /* no wrap-around */
+    CHECK(vgpu_region_spilled(r, 0) == 600 && vgpu_region_spilled(r, 1) == 400);
+    vgpu_region_unspill(r, s, 0, 600);
+    vgpu_region_unspill(r, s, 1, 9999); /* more than held: stops at zero */
+    CHECK(vgpu_region_spilled(r, 0) == 0 && vgpu_region_spilled(r, 1) == 0);
+    vgpu_region_detach(r, s);
+
+    pid_t child = fork();
+    if (child == 0) {
+        struct vgpu_region *cr = open_region();
+        int c = cr ? vgpu_region_attach(cr, getpid()) : -1;
+        _exit(c >= 0 && vgpu_region_spill(cr, c, 0, 900, 1000) == 0 ? 0 : 1);
+    }
+    int status;
+    waitpid(child, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(vgpu_region_spilled(r, 0) == 900); /* nobody looked yet */
+    s = vgpu_region_attach(r, getpid());   /* attaching reaps */
+    CHECK(vgpu_region_spilled(r, 0) == 0);
+    CHECK(vgpu_region_spill(r, s, 0, 1000, 1000) == 0);
+    vgpu_region_detach(r, s);
+    CHECK(vgpu_region_spilled(r, 0) == 0);
+}
+
 /* Two processes draw on one budget. */
 static void test_shared_budget(struct vgpu_region *r)
 {
@@ -263,6 +296,7 @@ int main(int argc, char **argv)
     if (r && again) {
         test_reserve_and_limit(r);
         test_dead_process_is_reaped(r);
+        test_spill(r);
         test_shared_budget(r);
         test_robust_lock(again); /* any mapping of the file sees the same lock */
         test_exports(r);

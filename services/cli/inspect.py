@@ -126,6 +126,8 @@ def _slice_lines(gpu: GpuView) -> list[list[str]]:
     rows = []
     for piece in gpu.slices:
         used = _known(piece.memory_used_mib)
+        if piece.spilled_mib:
+            used += f" ({piece.spilled_mib} spilled)"
         sm = _known(piece.sm_util_percent, "%")
         cores = f"{piece.cores}%" if piece.cores else "none"
         flag = f"VIOLATION: {piece.violation}" if piece.violation else ""

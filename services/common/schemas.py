@@ -82,6 +82,9 @@ class ContainerDeviceUsage(msgspec.Struct, frozen=True, kw_only=True):
     # shows more than the slice plus tolerance), "tampering" (the hook's limits or figures
     # disagree with the agent's); "" = none.
     violation: str = ""
+    # Of memory_used_mib: allocations the hook gave as managed memory because the card was
+    # full (virtual device memory, memory scaling > 1); they page to host memory.
+    spilled_mib: int = 0
 
 
 class ContainerUsage(msgspec.Struct, kw_only=True):

@@ -67,6 +67,10 @@ def vgpu_families(view: ClusterView) -> Iterator[Metric]:
         "used": _gauge("vgpu_container_memory_used_bytes",
                        "GPU memory the container's processes hold (hook report)",
                        CONTAINER_GPU_LABELS),
+        "spilled": _gauge("vgpu_container_memory_spilled_bytes",
+                          "Of the memory used, what spilled to host-pageable managed memory "
+                          "because the card was full (virtual device memory)",
+                          CONTAINER_GPU_LABELS),
         "cores_asked": _gauge("vgpu_container_core_requested_ratio",
                               "Compute share the container asked for, 0-1",
                               CONTAINER_GPU_LABELS),
@@ -102,6 +106,8 @@ def vgpu_families(view: ClusterView) -> Iterator[Metric]:
                 per_device["cores_limit"].add_metric(labels, piece.cores_limit / 100.0)
                 if piece.memory_used_mib is not None:
                     per_device["used"].add_metric(labels, piece.memory_used_mib * MIB)
+                if piece.spilled_mib is not None:
+                    per_device["spilled"].add_metric(labels, piece.spilled_mib * MIB)
                 if piece.sm_util_percent is not None:
                     per_device["cores_used"].add_metric(labels, piece.sm_util_percent / 100.0)
     yield from gpu.values()

@@ -40,6 +40,9 @@ class SliceView(msgspec.Struct, kw_only=True):
     # Standing findings of the agent's verification: "over_limit", "tampering", both
     # comma-separated, or "" (docs/nodeagent.md, "Verification from outside").
     violation: str = ""
+    # Of memory_used_mib: spilled to host-pageable managed memory (virtual device memory,
+    # on GPUs whose memory scaling is above 1); null: no fresh report.
+    spilled_mib: int | None = None
 
 
 class GpuView(msgspec.Struct, kw_only=True):
@@ -90,6 +93,7 @@ class ContainerDeviceView(msgspec.Struct, kw_only=True):
     sm_util_percent: float | None
     measured_mib: int | None = None  # NVML, as the node agent measured it
     violation: str = ""  # as in SliceView
+    spilled_mib: int | None = None  # as in SliceView
 
 
 class ContainerView(msgspec.Struct, kw_only=True):
@@ -210,6 +214,7 @@ class _Builder:
                             sm_util_percent=device.sm_util_percent if device else None,
                             measured_mib=device.measured_mib if device else None,
                             violation=device.violation if device else "",
+                            spilled_mib=device.spilled_mib if device else None,
                         )
                     )  # fmt: skip
         self.stranded = self._stranded()
@@ -228,7 +233,7 @@ class _Builder:
                 memory_used_mib=d.memory_used_mib,
                 sm_util_percent=d.sm_util_percent if d.sm_util_percent >= 0 else None,
                 measured_mib=d.measured_mib if d.measured_mib >= 0 else None,
-                violation=d.violation,
+                violation=d.violation, spilled_mib=d.spilled_mib,
             )
             for d in usage.devices
         }  # fmt: skip
@@ -307,6 +312,7 @@ class _Builder:
                     sm_util_percent=seen.sm_util_percent if seen else None,
                     measured_mib=seen.measured_mib if seen else None,
                     violation=seen.violation if seen else "",
+                    spilled_mib=seen.spilled_mib if seen else None,
                 ))  # fmt: skip
             containers.append(ContainerView(
                 name=container.container, init=container.init, claimed=container.claimed,

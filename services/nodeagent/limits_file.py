@@ -10,11 +10,15 @@ device.<i>.uuid=<gpu uuid>            i = 0..N-1 in NVIDIA_VISIBLE_DEVICES order
 device.<i>.memory_limit_mib=<MiB>      0 = unlimited
 device.<i>.cores=<percent of SMs>      0 = no compute limit
 context_overhead_mib=<MiB>            optional: charged per CUDA context (see context_overhead)
+device.<i>.virtual_memory=1           optional: the GPU's memory scaling is > 1; what the card
+                                      cannot hold spills to managed memory (virtual device memory)
+spill_limit_mib=<MiB>                 with virtual memory: host memory the container's spilled
+                                      allocations may take in all
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from services.common.schemas import ContainerAllocation
@@ -33,6 +37,7 @@ class DeviceLimit:
     uuid: str
     memory_limit_mib: int
     cores: int
+    virtual_memory: bool = False  # spill to managed memory when the card is full
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,14 @@ class ContainerLimits:
     container: str
     devices: tuple[DeviceLimit, ...]
     context_overhead_mib: int = 0  # 0: not written (the hook then charges nothing)
+    spill_limit_mib: int = 0  # host memory spilled allocations may take (virtual memory)
+
+
+def with_virtual_memory(limits: ContainerLimits, spill_limit_mib: int) -> ContainerLimits:
+    """The limits with virtual device memory on every device, spilling at most
+    spill_limit_mib of host memory (a node whose memory scaling is above 1)."""
+    devices = tuple(replace(d, virtual_memory=True) for d in limits.devices)
+    return replace(limits, devices=devices, spill_limit_mib=spill_limit_mib)
 
 
 def limits_from_decision(
@@ -92,10 +105,16 @@ def render(limits: ContainerLimits) -> str:
             f"device.{index}.memory_limit_mib={device.memory_limit_mib}",
             f"device.{index}.cores={device.cores}",
         ]
+        if device.virtual_memory:
+            lines.append(f"device.{index}.virtual_memory=1")
     if limits.context_overhead_mib < 0:
         raise LimitsError(f"context overhead out of range: {limits.context_overhead_mib}")
     if limits.context_overhead_mib:
         lines.append(f"context_overhead_mib={limits.context_overhead_mib}")
+    if limits.spill_limit_mib < 0:
+        raise LimitsError(f"spill limit out of range: {limits.spill_limit_mib}")
+    if any(d.virtual_memory for d in limits.devices):
+        lines.append(f"spill_limit_mib={limits.spill_limit_mib}")
     return "\n".join(lines) + "\n"
 
 
@@ -122,6 +141,7 @@ def parse(text: str) -> ContainerLimits:
                 uuid=values[f"device.{i}.uuid"],
                 memory_limit_mib=int(values[f"device.{i}.memory_limit_mib"]),
                 cores=int(values.get(f"device.{i}.cores", "0")),
+                virtual_memory=values.get(f"device.{i}.virtual_memory") == "1",
             )
             for i in range(count)
         )
@@ -131,6 +151,7 @@ def parse(text: str) -> ContainerLimits:
             container=values["container"],
             devices=devices,
             context_overhead_mib=int(values.get("context_overhead_mib", "0")),
+            spill_limit_mib=int(values.get("spill_limit_mib", "0")),
         )
     except KeyError as exc:
         raise LimitsError(f"limit file lacks {exc.args[0]}") from exc

@@ -121,6 +121,7 @@ class _Listener:
     path: Path
     connections: set[_Connection] = field(default_factory=set)
     used_mib: dict[int, int] = field(default_factory=dict)  # container ordinal -> latest total
+    spilled_mib: dict[int, int] = field(default_factory=dict)  # of that, spilled (latest)
     nvml: dict[str, DeviceFigures] = field(default_factory=dict)
     reported_at: float = 0.0  # monotonic time of the latest usage report
     flags: dict[str, str] = field(default_factory=dict)  # GPU uuid -> standing violations
@@ -355,6 +356,8 @@ class RelayHub:
             listener.reported_at = time.monotonic()
             for device in message.devices:
                 listener.used_mib[device.index] = device.used_mib
+                # The hook's word, bounded by its own total: spilled memory is part of it.
+                listener.spilled_mib[device.index] = min(device.spilled_mib, device.used_mib)
         elif isinstance(message, Exit):
             connection.exited = True
 
@@ -419,8 +422,10 @@ class RelayHub:
         devices = []
         for ordinal, limit in enumerate(container.limits.devices):
             measured = listener.nvml.get(limit.uuid)
+            spilled = 0
             if reporting:
                 used = listener.used_mib.get(ordinal, 0)
+                spilled = listener.spilled_mib.get(ordinal, 0)
             else:
                 used = measured.memory_used_mib if measured else 0
             devices.append(
@@ -433,6 +438,7 @@ class RelayHub:
                     sm_util_percent=measured.sm_util_percent if measured else -1.0,
                     measured_mib=measured.memory_used_mib if measured else -1,
                     violation=listener.flags.get(limit.uuid, ""),
+                    spilled_mib=spilled,
                 )
             )
         lasts = [c.last for c in reporting if c.last is not None]

@@ -40,6 +40,9 @@ class UsageDevice(msgspec.Struct, frozen=True):
     index: NonNegative
     used_mib: NonNegative  # the container's total on that device, all its processes
     process_used_mib: NonNegative  # this process
+    # Of used_mib: allocations spilled to managed memory (virtual device memory); sent only
+    # for devices with virtual memory on.
+    spilled_mib: NonNegative = 0
 
 
 class Hello(msgspec.Struct, frozen=True, tag="hello", tag_field="type"):

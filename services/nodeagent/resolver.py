@@ -125,6 +125,7 @@ class AllocationResolver:
         poll_interval_s: float = 0.05,
         on_resolved: Callable[[ResolvedContainer], Awaitable[object]] | None = None,
         context_overhead: Callable[[tuple[str, ...]], int] | None = None,
+        spill_limit_mib: int | None = None,
         checkpoint: CheckpointLocator | None = None,
         checkpoint_settle_s: float = CHECKPOINT_SETTLE_S,
         record: Callable[[ResolvedContainer], None] | None = None,
@@ -132,6 +133,8 @@ class AllocationResolver:
         self._node = node_name
         self._record = record
         self._context_overhead = context_overhead  # GPU uuids -> MiB charged per context
+        # Virtual device memory (memory scaling > 1): its host bound; None = off.
+        self._spill_limit_mib = spill_limit_mib
         self._resource = resource_name
         self._bus = bus
         self._locator = locator
@@ -173,6 +176,8 @@ class AllocationResolver:
             if self._context_overhead is not None:
                 overhead = self._context_overhead(grant.gpu_uuids)
                 limits = dataclasses.replace(limits, context_overhead_mib=overhead)
+            if self._spill_limit_mib is not None:
+                limits = limits_file.with_virtual_memory(limits, self._spill_limit_mib)
             resolved = ResolvedContainer(grant.key, grant.host_dir, limits, reply.pod_uid)
             write_started = time.time_ns()
             if self._record is not None:

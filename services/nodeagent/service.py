@@ -334,6 +334,8 @@ class NodeAgent:
             resolve_timeout_s=s.resolve_timeout_s,
             on_resolved=container_started,
             context_overhead=self._context_overhead(catalog),
+            # Oversubscribed memory: what the card cannot hold spills to host memory.
+            spill_limit_mib=s.spill_limit_mib if s.memory_scaling > 1 else None,
             checkpoint=KubeletCheckpoint(Path(s.plugin_dir) / CHECKPOINT_FILE),
             record=records.save,
         )

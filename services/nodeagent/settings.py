@@ -61,6 +61,9 @@ class NodeAgentSettings(msgspec.Struct, kw_only=True, frozen=True):
     # 0 = not stated: the allocator's memory_scaling / cores_scaling apply.
     memory_scaling: float = 0.0
     cores_scaling: float = 0.0
+    # With memory_scaling > 1 (virtual device memory): host memory each container's spilled
+    # allocations may take in all, MiB (written into its limit file; 0 = none may spill).
+    spill_limit_mib: int = 16384
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     # Not under /var/run/vgpu: on a host where that exists, a preloaded hook takes itself
     # to be inside a container and ignores the VGPU_* environment.
@@ -206,6 +209,8 @@ def check_settings(settings: NodeAgentSettings) -> None:
         raise ValueError(
             f"violation_confirm_s must not be negative, got {settings.violation_confirm_s}"
         )
+    if settings.spill_limit_mib < 0:
+        raise ValueError(f"spill_limit_mib must not be negative, got {settings.spill_limit_mib}")
     for field in ("cpu_milli", "host_memory_mib", "max_pods"):
         if getattr(settings, field) < -1:
             raise ValueError(

@@ -20,7 +20,8 @@ def test_hook_tests_pass_under_asan_and_ubsan(build: Path) -> None:
     proc = build_hook(HOOK_DIR / "build" / "sanitize", sanitize=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     here = Path(__file__).parent
-    files = ["test_hook.py", "test_paths.py", "test_sharing.py", "test_nvml.py", "test_relay.py"]
+    files = ["test_hook.py", "test_paths.py", "test_sharing.py", "test_nvml.py", "test_relay.py",
+             "test_virtual_memory.py"]  # fmt: skip
     tests = [str(here / f) for f in files]
     tests.append(str(here / "test_limiter.py::test_launch_count_reaches_the_region"))
     lifetimes = here / "test_memory_lifetime.py"

@@ -68,8 +68,8 @@ def test_nvml_lists_each_process_with_what_the_driver_gave_it(build: Path, tmp_p
     common = {"VGPU_SIM_STATE_DIR": str(sim), **SMALL_GPU}
     assert nvml_view(sim, **SMALL_GPU)["processes"] == []
     with holding(hooked, "alloc", "link", "create", 100, "hold", **common) as inside:
-        # A second program without the hook (LD_PRELOAD unset) takes the whole device (the
-        # simulated driver gives each process the whole device).
+        # A second program without the hook (LD_PRELOAD unset) takes what the card has left
+        # (the simulated card is shared: 4096 MiB less the 1000 the first one holds).
         bypass = subprocess.Popen(
             [tool("mem_paths"), "alloc", "link", "create", "100", "hold"],
             env=hook_env(bare, hook=False, **common),
@@ -79,11 +79,11 @@ def test_nvml_lists_each_process_with_what_the_driver_gave_it(build: Path, tmp_p
         )
         try:
             assert bypass.stdout is not None
-            assert summary(bypass.stdout.readline())["allocated_mib"] == 4000
+            assert summary(bypass.stdout.readline())["allocated_mib"] == 3000
             view = nvml_view(sim, **SMALL_GPU)
             uuid = "GPU-5e4c0000-0000-4000-8000-000000000000"
             assert sorted(view["processes"]) == sorted(
-                [[inside.pid, uuid, 1000], [bypass.pid, uuid, 4000]]
+                [[inside.pid, uuid, 1000], [bypass.pid, uuid, 3000]]
             )
             # A process that dies (SIGKILL: no exit path runs) is gone from the list at once.
             bypass.send_signal(signal.SIGKILL)

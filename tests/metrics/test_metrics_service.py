@@ -64,6 +64,7 @@ async def test_gpu_and_container_families_with_labels(metrics: MetricsService, b
         "vgpu_container_memory_requested_bytes": 20480 * MIB,
         "vgpu_container_memory_limit_bytes": 20480 * MIB,
         "vgpu_container_memory_used_bytes": 8192 * MIB,
+        "vgpu_container_memory_spilled_bytes": 0.0,
         "vgpu_container_core_requested_ratio": 0.5,
         "vgpu_container_core_limit_ratio": 0.5,
         "vgpu_container_core_used_ratio": 0.3,

@@ -12,7 +12,17 @@ from services.common import subjects
 from services.common.bus import Bus
 from services.common.schemas import AllocationEvent, NodeInventory
 from services.metrics.service import MetricsService
-from tests.metrics.helpers import ALLOCATION, GPU, GPU_B, MIB, announce, key, scrape, wait_for
+from tests.metrics.helpers import (
+    ALLOCATION,
+    CONTAINER_USAGE,
+    GPU,
+    GPU_B,
+    MIB,
+    announce,
+    key,
+    scrape,
+    wait_for,
+)
 
 SCALED = NodeInventory(
     node="node-a",
@@ -63,3 +73,22 @@ async def test_unscaled_gpus_placed_with_the_allocators_scaling(
         ]
         == 0.0
     )
+
+
+async def test_spilled_memory_is_reported_apart(metrics: MetricsService, bus: Bus) -> None:
+    """Virtual device memory: what a container's hook spilled is a gauge of its own and shows
+    in `vgpu inspect -d` beside the memory used (of which it is part)."""
+    await announce(bus, metrics, SCALED)
+    await bus.publish(subjects.alloc_events("node-a"),
+                      AllocationEvent(kind="bound", allocation=ALLOCATION))  # fmt: skip
+    device = msgspec.structs.replace(CONTAINER_USAGE.devices[0], spilled_mib=3000)
+    await bus.publish(subjects.container_usage("node-a"),
+                      msgspec.structs.replace(CONTAINER_USAGE, devices=[device]))  # fmt: skip
+    await wait_for(lambda: metrics.picture.pods and metrics.picture.containers)
+    found = await scrape(metrics)
+    labels = key(node="node-a", namespace="team", pod="half", container="main",
+                 uuid="GPU-a0", index="0", model="A100-40GB")  # fmt: skip
+    assert found["vgpu_container_memory_spilled_bytes"][labels] == 3000 * MIB
+    assert found["vgpu_container_memory_used_bytes"][labels] == 8192 * MIB
+    table = render(await asyncio.to_thread(fetch_picture, metrics.url, 5.0), details=True)
+    assert "8192 (3000 spilled)" in table

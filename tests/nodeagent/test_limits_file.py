@@ -92,3 +92,16 @@ def test_context_overhead_rules_per_model() -> None:
                        ("T4=99999", "outside 0..16384")):  # fmt: skip
         with pytest.raises(ValueError, match=words):
             parse_overheads(bad)
+
+
+def test_virtual_memory_is_written_only_when_on_and_read_back() -> None:
+    plain = ContainerLimits("ns", "p", "c", (DeviceLimit(A, 512, 50), DeviceLimit(B, 0, 0)))
+    assert "virtual_memory" not in limits_file.render(plain)
+    assert "spill_limit_mib" not in limits_file.render(plain)
+    spilling = limits_file.with_virtual_memory(plain, 8192)
+    text = limits_file.render(spilling)
+    assert "device.0.virtual_memory=1\n" in text and "device.1.virtual_memory=1\n" in text
+    assert text.endswith("spill_limit_mib=8192\n")
+    assert limits_file.parse(text) == spilling
+    with pytest.raises(LimitsError, match="spill limit"):
+        limits_file.render(limits_file.with_virtual_memory(plain, -1))

@@ -15,6 +15,7 @@ from services.common import subjects
 from services.common.bus import Bus
 from services.common.embedded_nats import EmbeddedNats
 from services.common.schemas import ClaimReply, ClaimRequest, ContainerUsage
+from services.nodeagent import limits_file
 from services.nodeagent.gpus import SimulatedGpuBackend
 from services.nodeagent.grant import container_key
 from services.nodeagent.relay_protocol import MAX_LINE_BYTES, RelayProtocolError, decode_line
@@ -288,3 +289,51 @@ async def test_agent_stop_leaves_no_socket(nats_server: EmbeddedNats, dirs: Node
         assert agent.relay.containers == []
     with pytest.raises(RuntimeError):
         agent.relay  # noqa: B018
+
+
+async def test_virtual_memory_in_the_limit_file_and_spilled_mib_in_the_usage(
+    nats_server: EmbeddedNats, inbox: Inbox, dirs: NodeDirs
+) -> None:
+    """A node whose memory scaling is above 1 gives every container virtual device memory with
+    the node's host bound; what its hooks report as spilled is published apart (never more
+    than what they report as used: the hook's figures are bounded by its own)."""
+    scaled = {**FAST, "memory_scaling": 1.5, "spill_limit_mib": 4096}
+    async with running_node(nats_server.url, dirs, **scaled) as (kubelet, _):
+        directory = await admitted_dir(kubelet, dirs, gpu_pod("big", {"main": 1}, namespace="ml"))
+        limits = limits_file.parse((directory / "config" / "limits").read_text())
+        assert [d.virtual_memory for d in limits.devices] == [True]
+        assert limits.spill_limit_mib == 4096
+        _, writer = await connect(directory)
+        spilled = line(
+            type="usage", pid=7, ts_ms=1000, launches=1, throttled_ms=0,
+            devices=[{"index": 0, "used_mib": 9000, "process_used_mib": 9000,
+                      "spilled_mib": 2500}],
+        )  # fmt: skip
+        forged = line(
+            type="usage", pid=7, ts_ms=1001, launches=1, throttled_ms=0,
+            devices=[{"index": 0, "used_mib": 100, "process_used_mib": 100,
+                      "spilled_mib": 5000}],
+        )  # fmt: skip
+        writer.write(hello() + spilled)
+        await writer.drain()
+        await wait_until(
+            lambda: [m for m in inbox.where(pod="big") if m.devices[0].spilled_mib == 2500],
+            what="spilled MiB in ContainerUsage",
+        )
+        writer.write(forged)
+        await writer.drain()
+        await wait_until(
+            lambda: [m for m in inbox.where(pod="big") if m.devices[0].memory_used_mib == 100],
+            what="the next report",
+        )
+        assert inbox.where(pod="big")[-1].devices[0].spilled_mib == 100
+        writer.close()
+
+
+async def test_memory_scaling_1_writes_no_virtual_memory(
+    nats_server: EmbeddedNats, inbox: Inbox, dirs: NodeDirs
+) -> None:
+    async with running_node(nats_server.url, dirs, **FAST, memory_scaling=1.0) as (kubelet, _):
+        directory = await admitted_dir(kubelet, dirs, gpu_pod("plain", {"main": 1}))
+        text = (directory / "config" / "limits").read_text()
+        assert "virtual_memory" not in text and "spill_limit_mib" not in text
