@@ -256,6 +256,11 @@ typedef enum CUdriverProcAddressQueryResult_enum {
 
 #define CU_MEM_ATTACH_GLOBAL 0x1
 
+/* cuPointerGetAttribute attributes (cuda.h values; the subset used here) */
+typedef enum CUpointer_attribute_enum {
+    CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
+} CUpointer_attribute;
+
 /* cuMemAdvise advice (cuda.h values) */
 typedef enum CUmem_advise_enum {
     CU_MEM_ADVISE_SET_READ_MOSTLY = 1,

@@ -554,6 +554,28 @@ SIM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsign
     return take_managed(dev, bytesize, dptr);
 }
 
+/* Whether an address is managed memory (the only attribute simulated). */
+SIM_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute,
+                                          CUdeviceptr ptr)
+{
+    CUresult rc = sim_check_init();
+    if (rc)
+        return rc;
+    if (!data || attribute != CU_POINTER_ATTRIBUTE_IS_MANAGED)
+        return CUDA_ERROR_INVALID_VALUE;
+    rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    for (struct sim_alloc *a = allocs; a; a = a->next) {
+        if (a->kind == LINEAR && ptr >= a->key && ptr - a->key < a->bytes) {
+            *(unsigned int *)data = (unsigned int)a->managed;
+            rc = CUDA_SUCCESS;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
 /* Advice on managed memory only (the real driver refuses other memory); the preferred
  * location steers paging (see the top of this file). */
 SIM_EXPORT CUresult cuMemAdvise(CUdeviceptr devPtr, size_t count, CUmem_advise advice,

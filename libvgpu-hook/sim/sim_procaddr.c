@@ -57,6 +57,7 @@ static const struct entry table[] = {
     E(cuMemAllocPitch, 3020, cuMemAllocPitch_v2),
     E(cuMemAllocManaged, 6000, cuMemAllocManaged),
     E(cuMemAdvise, 8000, cuMemAdvise),
+    E(cuPointerGetAttribute, 4000, cuPointerGetAttribute),
     E(cuMemFree, 3020, cuMemFree_v2),
     E(cuMemGetAddressRange, 3020, cuMemGetAddressRange_v2),
     E(cuArrayCreate, 2000, cuArrayCreate),

@@ -8,6 +8,7 @@ program allocates within its slice."""
 from __future__ import annotations
 
 import re
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ from tests.hook.harness import (
 )
 from tests.hook.test_relay import agent
 
+WORKLOAD = Path(__file__).resolve().parents[1] / "gpu" / "spill_workload.py"
 NEIGHBOUR_MIB = 30000  # what the neighbour holds of the simulated card's 40960 MiB
 SLICE_MIB = 20480  # our slice: more than the 10960 MiB the card has left
 CARD_FREE_MIB = SIM_MIB - NEIGHBOUR_MIB
@@ -126,3 +128,24 @@ def test_spilled_memory_pages_to_the_host_and_is_reported_apart(
                 time.sleep(0.05)
     device = usages[-1].devices[0]
     assert (device.used_mib, device.spilled_mib) == (20400, 20400 - 10900)
+
+
+def test_the_gpu_benchmarks_workload_spills_on_the_simulated_driver(
+    build: Path, tmp_path: Path
+) -> None:
+    """tests/gpu/spill_workload.py, which measures the cost on a real GPU, behaves here as it
+    must there: a buffer the full card cannot hold comes back as managed memory and kernels
+    run over it; with memory scaling 1 the driver's out-of-memory comes back."""
+    gpu = tmp_path / "gpu"
+    virtual, plain = tmp_path / "virtual", tmp_path / "plain"
+    virtual.mkdir(), plain.mkdir()
+    write_limits(virtual, virtual_limits(SLICE_MIB))
+    write_limits(plain, limits_text(SLICE_MIB))
+    argv = [sys.executable, str(WORKLOAD), "bench", "12288", "2"]  # more than the card has left
+    extra = {"VGPU_SIM_STATE_DIR": str(gpu), "VGPU_HOOK_QUIET": "1", **HOST}
+    with card_filled(tmp_path, gpu):
+        spilled = run(argv, virtual, **extra)
+        refused = run(argv, plain, **extra)
+    assert spilled.returncode == 0, spilled.stderr
+    assert summary(spilled)["result"] == 0 and summary(spilled)["managed"] == 1
+    assert summary(refused)["result"] == 2  # CUDA_ERROR_OUT_OF_MEMORY, from the driver
