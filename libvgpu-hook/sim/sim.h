@@ -6,6 +6,8 @@
  *   VGPU_SIM_NS_PER_BLOCK=<ns>        time a kernel takes per block of its grid (default 1000)
  *   VGPU_SIM_QUEUE_US=<us>            how far ahead of the GPU a stream may queue before a
  *                                     launch blocks (default 20000), like a full launch queue
+ *   VGPU_SIM_PRIVATE_MEMORY=1         each process sees the whole card, as if alone on it
+ *                                     (for tests whose programs each take a whole card)
  *   VGPU_SIM_HOST_MIB=<MiB>           host memory a process's managed memory may page out
  *                                     to (default 0: managed memory must fit on the card)
  *   VGPU_SIM_STATE_DIR=<dir>          where the per-device timelines and process tables
@@ -27,6 +29,7 @@ struct sim_config {
     char uuid[SIM_MAX_DEVICES][SIM_UUID_LEN];
     uint64_t ns_per_block, queue_ns;
     uint64_t host_mib; /* VGPU_SIM_HOST_MIB */
+    int private_memory; /* VGPU_SIM_PRIVATE_MEMORY=1 */
     char state_dir[512];
 };
 

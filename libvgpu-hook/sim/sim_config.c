@@ -83,6 +83,7 @@ int sim_load_config(struct sim_config *out)
         }
         out->queue_ns = us * 1000;
     }
+    out->private_memory = (v = getenv("VGPU_SIM_PRIVATE_MEMORY")) && strcmp(v, "1") == 0;
     if ((v = getenv("VGPU_SIM_HOST_MIB")) && *v) {
         if (parse_u64(v, &out->host_mib) != 0 || out->host_mib > (UINT64_MAX >> 20)) {
             fprintf(stderr, "vgpu-sim: invalid VGPU_SIM_HOST_MIB='%s'\n", v);

@@ -332,7 +332,9 @@ SIM_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
  * live one hold on it. Called with mu held. */
 static size_t device_free(int dev)
 {
-    uint64_t used = devices[dev].used + sim_procs_others_used(&procs[dev]);
+    uint64_t used = devices[dev].used;
+    if (!sim_cfg.private_memory)
+        used += sim_procs_others_used(&procs[dev]);
     return used < devices[dev].total ? devices[dev].total - used : 0;
 }
 

@@ -71,7 +71,7 @@ async def test_picture_pod_and_pending_endpoints(metrics: MetricsService, bus: B
         "namespace": "team", "pod": "half", "pod_uid": "uid-1", "container": "main",
         "init": False, "claimed": True, "memory_mib": 20480, "cores": 50,
         "memory_limit_mib": 20480, "cores_limit": 50, "memory_used_mib": 8192,
-        "sm_util_percent": 30.0, "measured_mib": None, "violation": "",
+        "sm_util_percent": 30.0, "measured_mib": None, "violation": "", "spilled_mib": 0,
     }]  # fmt: skip
 
     status, pod = await get_json(metrics, "/api/v1/pods/team/half")

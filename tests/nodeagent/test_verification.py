@@ -135,7 +135,10 @@ def in_container(
     """Run shell commands side by side in one new PID namespace, as a container's processes,
     with the container's environment (hook preloaded, its GPU); each prints one `holding`
     line and holds until stdin closes. Yields the process and those lines."""
-    env = hook_env(directory, sim, VGPU_SIM_UUIDS=uuid, VGPU_HOOK_QUIET="1")
+    # Each program sees the whole card (the bypass takes all of it beside the honest one).
+    env = hook_env(
+        directory, sim, VGPU_SIM_UUIDS=uuid, VGPU_HOOK_QUIET="1", VGPU_SIM_PRIVATE_MEMORY="1"
+    )
     del env["VGPU_CONTAINER_DIR"], env["VGPU_LIMIT_WAIT_MS"]  # ignored in a container anyway
     # The Allocate response's mounts, in the new mount namespace --mount-proc makes. A shell
     # gives background commands /dev/null as stdin unless told otherwise.
