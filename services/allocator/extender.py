@@ -22,10 +22,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram,
 from services.common.http_server import bounded_app
 from services.common.quantity import QuantityError
 from services.common.rate_log import RateLimitedLog
+from services.common.resources import RequestError
 from services.common.tracing import context_from_headers, current_traceparent, tracer
 
 from . import wire
-from .core import FilterOutcome
+from .core import FilterOutcome, pod_ref
 from .engine import BindError, PlacementEngine
 
 log = logging.getLogger("vgpu.allocator")
@@ -168,6 +169,36 @@ async def filter_in_slices(
     return outcome
 
 
+async def prioritize_in_slices(
+    engine: PlacementEngine, pod: dict[str, Any], node_names: list[str]
+) -> dict[str, int]:
+    """engine.prioritize, its work bounded by the cluster rather than by the request: for a
+    pod asking for GPUs, a node the allocator has no inventory of scores 0 without being
+    looked at (it cannot take the pod), so only known nodes are scored, found a slice at a
+    time. A pod without GPUs gets host scores relative across every node given, unknown
+    ones included: scored in one piece, as before."""
+    names = list(dict.fromkeys(node_names))
+    if len(names) <= FILTER_SLICE:
+        return engine.prioritize(pod, names)
+    try:
+        asks_gpus = bool(engine.core.parse(pod).containers)
+    except RequestError:
+        return dict.fromkeys(names, 0)
+    if not asks_gpus:
+        return engine.prioritize(pod, names)
+    known_node = engine.cluster.lookup()
+    known: list[str] = []
+    for start in range(0, len(names), FILTER_SLICE):
+        known.extend(n for n in names[start : start + FILTER_SLICE] if known_node(n) is not None)
+        await asyncio.sleep(0)
+    placed = engine.ledger.get(pod_ref(pod).uid)
+    if placed is not None and placed.node not in known and placed.node in names:
+        known.append(placed.node)
+    scores = dict.fromkeys(names, 0)
+    scores.update(engine.prioritize(pod, known))
+    return scores
+
+
 async def _answer(answer: Any, request_bytes: int) -> web.Response:
     """The answer grows with the request: a big one is encoded in a worker thread (the
     answer is this request's alone, so nothing else touches it meanwhile)."""
@@ -210,7 +241,8 @@ def build_app(
 
     async def prioritize_verb(body: bytes) -> VerbResult:
         args = await _parse_args(body)
-        return wire.host_priority_list(engine.prioritize(args.pod, args.node_names)), "ok"
+        scores = await prioritize_in_slices(engine, args.pod, args.node_names)
+        return wire.host_priority_list(scores), "ok"
 
     async def bind_verb(body: bytes) -> VerbResult:
         args = wire.parse_binding_args(body)
