@@ -33,8 +33,10 @@ DECIMAL_SUFFIXES = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T
                     "E": 18}  # fmt: skip
 BINARY_SUFFIXES = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
 # Beyond these exponents a non-zero value is either too large or rounds up to one nano: the
-# exact power is never needed (and 1e999999999 must not make us compute it).
-_EXPONENT_BOUND = 64
+# exact power is never needed (and 1e999999999 must not make us compute it). A mantissa of at
+# most MAX_TEXT characters lies within 10^+-MAX_TEXT, so the bound leaves room for it:
+# "0.(60 zeros)1e65" is 10^4, exactly.
+_EXPONENT_BOUND = 64 + MAX_TEXT
 
 _NUMBER = re.compile(r"([+-]?)([0-9]*)(?:\.([0-9]*))?(.*)", re.ASCII | re.DOTALL)
 _EXPONENT = re.compile(r"[eE]([+-]?[0-9]+)", re.ASCII)
@@ -92,9 +94,11 @@ def _parse_text(text: str) -> Fraction:
 
 
 def _scaled(mantissa: Fraction, base: int, exponent: int) -> Fraction:
-    if mantissa and exponent > _EXPONENT_BOUND:
+    if not mantissa:  # zero at any exponent: never raise 10 to it (0e99999999999 would hang)
+        return mantissa
+    if exponent > _EXPONENT_BOUND:
         raise QuantityError(f"{mantissa}e{exponent} is larger than a quantity can hold (2^63-1)")
-    if mantissa and exponent < -_EXPONENT_BOUND:
+    if exponent < -_EXPONENT_BOUND:
         return NANO  # anything that small rounds up to the smallest quantity
     return mantissa * Fraction(base) ** exponent
 

@@ -77,12 +77,16 @@ def reference(text: str) -> Fraction | None:
         if not rest or _digits(rest, 0) != len(rest):
             return None
         exponent = sign * int(rest)
-        if abs(exponent) > 60:
-            return None  # kept out of the comparison: the scaled value is out of range
-        amount = number.scaleb(exponent, _CONTEXT)
+        if number and exponent > 60:
+            return Fraction(10**61) * (-1 if negative else 1)  # beyond any int64: refused
+        if number and exponent < -60:
+            return Fraction(1, 10**9) * (-1 if negative else 1)  # rounds up to one nano
+        amount = number.scaleb(max(exponent, -60), _CONTEXT)
     else:
         return None
-    nanos = (amount * decimal.Decimal(10**9)).to_integral_value(rounding=decimal.ROUND_CEILING)
+    nanos = _CONTEXT.multiply(amount, decimal.Decimal(10**9)).to_integral_value(
+        rounding=decimal.ROUND_CEILING
+    )
     result = Fraction(int(nanos), 10**9)
     return -result if negative else result
 
@@ -114,6 +118,8 @@ def reference(text: str) -> Fraction | None:
         ("0", 0, 0, 0),
         ("000", 0, 0, 0),
         ("-0", 0, 0, 0),
+        ("0e99999999999", 0, 0, 0),  # zero at any exponent (this once hung, raising 10 to it)
+        ("0." + "0" * 60 + "1e65", 10_000, 10_000, 10_000_000),  # a tiny mantissa, a big power
     ],
 )
 def test_every_form_kubernetes_writes(text: str, exact: Fraction, whole: int, milli: int) -> None:
