@@ -315,6 +315,7 @@ def launch_rate(tmp_path: Path, mounts: list[Mount] | None, **env: str) -> float
 def compute_limit_rates(tmp_path: Path) -> tuple[float, float, float]:
     """Launch rates of a 30% slice: env `off` on a bare host, env `off` in a container, and
     the agent's policy `off` in a container."""
+    tmp_path.mkdir()
     free = launch_rate(tmp_path / "bare", None, VGPU_COMPUTE_POLICY="off")
     (tmp_path / "a").mkdir()
     limited = launch_rate(
