@@ -49,6 +49,8 @@ def slice_need(request: ContainerRequest, gpu: GpuState) -> tuple[int, int] | No
     mode = gpu.device.sharing_mode
     if mode == VGPU:
         return memory_needed(request, gpu), request.cores
+    if gpu.device.one_replica_per_container and request.gpus > 1:
+        return None
     if mode == TIME_SLICING:
         return (0, 0) if bare_count(request) else None
     if mode == EXCLUSIVE:
@@ -66,8 +68,10 @@ def slice_need(request: ContainerRequest, gpu: GpuState) -> tuple[int, int] | No
     return None  # a mode this allocator does not know: never place on it
 
 
-def refusal(gpu: GpuState) -> str:
+def refusal(gpu: GpuState, request: ContainerRequest | None = None) -> str:
     mode = gpu.device.sharing_mode
+    if gpu.device.one_replica_per_container and request is not None and request.gpus > 1:
+        return f"{mode} GPUs here take one replica per container (failRequestsGreaterThanOne)"
     return REFUSALS.get(mode, f"GPU mode {mode!r} is unknown to this allocator")
 
 
@@ -78,5 +82,5 @@ def mode_refusals(request: ContainerRequest, nodes: Iterable[NodeState]) -> str:
         for gpu in node.gpus:
             mode = gpu.sharing_mode
             if mode != VGPU and mode not in refused and slice_need(request, gpu) is None:
-                refused[mode] = refusal(gpu)
+                refused[mode] = refusal(gpu, request)
     return "".join(f"; {mode} GPUs refuse it: {why}" for mode, why in sorted(refused.items()))

@@ -76,7 +76,7 @@ def slice_charge(request: ContainerRequest, gpu: GpuState) -> Charge:
     cannot serve the request."""
     need = slice_need(request, gpu)
     if need is None:
-        raise NoFit(request, f"cannot use GPU {gpu.uuid}: {refusal(gpu)}")
+        raise NoFit(request, f"cannot use GPU {gpu.uuid}: {refusal(gpu, request)}")
     return Charge(need[0], need[1], 1)
 
 
@@ -144,7 +144,7 @@ class _Placer:
         else:
             by_mode = slice_need(request, gpu)
             if by_mode is None:
-                self.refused[gpu.sharing_mode] = refusal(gpu)
+                self.refused[gpu.sharing_mode] = refusal(gpu, request)
                 return None
             need, cores = by_mode
         uuid = gpu.uuid

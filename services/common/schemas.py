@@ -35,6 +35,8 @@ class GpuDevice(msgspec.Struct, frozen=True, kw_only=True):
     # exclusive (whole GPU only). The agent fills these in from its settings.
     sharing_mode: str = "vgpu"
     replicas: int = 0  # device IDs advertised for it; 0 = the allocator's split count
+    # NVIDIA's failRequestsGreaterThanOne: one replica per container (time-slicing / mps).
+    one_replica_per_container: bool = False
 
 
 class NodeInventory(msgspec.Struct, kw_only=True):

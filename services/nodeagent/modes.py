@@ -51,6 +51,7 @@ class ModePlan:
     per_gpu: dict[str, str] = field(default_factory=dict)  # index or uuid -> mode
     split_count: int = 10
     replicas: int = 0  # time-slicing / mps; 0 = split_count
+    one_replica_per_container: bool = False  # failRequestsGreaterThanOne (time-slicing / mps)
 
     def mode_of(self, gpu: GpuDevice) -> str:
         return self.per_gpu.get(gpu.uuid) or self.per_gpu.get(str(gpu.index)) or self.default
@@ -72,7 +73,14 @@ class ModePlan:
                 marked.append(gpu)
                 continue
             marked.append(
-                msgspec.structs.replace(gpu, sharing_mode=mode, replicas=self.replicas_for(mode))
+                msgspec.structs.replace(
+                    gpu,
+                    sharing_mode=mode,
+                    replicas=self.replicas_for(mode),
+                    one_replica_per_container=(
+                        self.one_replica_per_container and mode in (TIME_SLICING, MPS)
+                    ),
+                )
             )
         return marked
 

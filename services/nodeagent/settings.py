@@ -304,6 +304,7 @@ def mode_plan(settings: NodeAgentSettings) -> ModePlan:
         per_gpu=parse_gpu_modes(settings.gpu_sharing_modes),
         split_count=settings.split_count,
         replicas=replicas,
+        one_replica_per_container=settings.fail_requests_greater_than_one,
     )
 
 

@@ -115,3 +115,22 @@ async def test_mps_slices_as_asked_and_equal_shares_for_a_bare_count(
     assert (asked["main"][0].memory_mib, asked["main"][0].cores) == (8000, 30)
     bare = await place(allocator, http, pod("b", [container("main")]), "mps")
     assert (bare["main"][0].memory_mib, bare["main"][0].cores) == (40960 // 4, 25)
+
+
+async def test_one_replica_per_container_is_refused_by_the_filter_not_at_admission(
+    allocator: Allocator, bus: Bus, http: Any
+) -> None:
+    inventory = moded("ts1", "time-slicing", 4)
+    strict = NodeInventory(
+        node="ts1",
+        gpus=[msgspec.structs.replace(g, one_replica_per_container=True) for g in inventory.gpus],
+    )
+    await give_nodes(bus, allocator, strict)
+    two = pod("two", [container("main", gpus=2)])
+    _, result = await post(http, f"{allocator.url}/scheduler/filter", filter_args(two, ["ts1"]))
+    assert result["NodeNames"] == []
+    refused = {**result["FailedNodes"], **result["FailedAndUnresolvableNodes"]}
+    assert "one replica per container (failRequestsGreaterThanOne)" in refused["ts1"]
+    one = pod("one", [container("main")])
+    _, result = await post(http, f"{allocator.url}/scheduler/filter", filter_args(one, ["ts1"]))
+    assert result["NodeNames"] == ["ts1"]

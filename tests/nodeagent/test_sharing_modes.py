@@ -102,7 +102,9 @@ async def test_fail_requests_greater_than_one(nats_server: EmbeddedNats, dirs: N
     async with node(
         nats_server.url, dirs, "nvidia.com/gpu",
         sharing_mode="time-slicing", sharing_replicas=3, fail_requests_greater_than_one=True,
-    ) as (kubelet, _):  # fmt: skip
+    ) as (kubelet, agent):  # fmt: skip
+        # Stated in the inventory, so the allocator refuses such a pod before the kubelet.
+        assert {gpu.one_replica_per_container for gpu in agent.gpus} == {True}
         refused = await kubelet.admit(pod("two", "nvidia.com/gpu", 2))
         assert not refused.admitted
         assert "UnexpectedAdmissionError" in refused.error
