@@ -25,7 +25,10 @@ from typing import Any
 from .core import PodRef, pod_ref
 from .engine import BindError
 
-PASS_CAPACITY = 65536  # pods whose last filter pass is kept (bounded; oldest dropped)
+# What the pass records may hold, oldest dropped first: pods, and node names over all pods
+# (a filter over 5,000 nodes may pass all of them; ~80 bytes a name, so ~80 MB at most).
+PASS_CAPACITY = 65536
+NODE_ENTRIES_CAPACITY = 1_000_000
 FINISHED_PHASES = ("Succeeded", "Failed")
 
 AskPeers = Callable[[str, str], Awaitable[float | None]]  # (uid, node) -> age of the pass
@@ -39,19 +42,37 @@ class BindRefused(BindError):
 
 
 class FilterPasses:
-    """For each pod, the nodes its last filter passed and when (monotonic clock)."""
+    """For each pod, the nodes its last filter passed and when (monotonic clock). Records
+    older than `keep_s` are dropped as new ones come (oldest first: they are kept in time
+    order), and so are the oldest beyond the capacities."""
 
-    def __init__(self, capacity: int = PASS_CAPACITY) -> None:
+    def __init__(
+        self,
+        keep_s: float = 300.0,
+        capacity: int = PASS_CAPACITY,
+        node_entries: int = NODE_ENTRIES_CAPACITY,
+    ) -> None:
+        self._keep_s = keep_s
         self._capacity = capacity
+        self._node_capacity = node_entries
+        self._entries = 0
         self._passes: OrderedDict[str, tuple[frozenset[str], float]] = OrderedDict()
 
     def record(self, uid: str, nodes: list[str], now: float | None = None) -> None:
         if not uid or not nodes:
             return
-        self._passes[uid] = (frozenset(nodes), time.monotonic() if now is None else now)
-        self._passes.move_to_end(uid)
-        while len(self._passes) > self._capacity:
-            self._passes.popitem(last=False)
+        now = time.monotonic() if now is None else now
+        self.forget(uid)
+        passed = frozenset(nodes)
+        self._passes[uid] = (passed, now)
+        self._entries += len(passed)
+        while self._passes and (
+            len(self._passes) > self._capacity
+            or self._entries > self._node_capacity
+            or now - next(iter(self._passes.values()))[1] > self._keep_s
+        ):
+            _, (dropped, _) = self._passes.popitem(last=False)
+            self._entries -= len(dropped)
 
     def age(self, uid: str, node: str, now: float | None = None) -> float | None:
         """Seconds since the filter passed `node` for the pod; None if its last filter did not."""
@@ -61,7 +82,9 @@ class FilterPasses:
         return (time.monotonic() if now is None else now) - entry[1]
 
     def forget(self, uid: str) -> None:
-        self._passes.pop(uid, None)
+        entry = self._passes.pop(uid, None)
+        if entry is not None:
+            self._entries -= len(entry[0])
 
     def __len__(self) -> int:
         return len(self._passes)
@@ -76,7 +99,7 @@ class BindGuard:
 
     def __post_init__(self) -> None:
         if self.passes is None:
-            self.passes = FilterPasses()
+            self.passes = FilterPasses(keep_s=self.window_s)
 
     def filtered(self, pod: Mapping[str, Any], passed: list[str]) -> None:
         assert self.passes is not None

@@ -108,7 +108,7 @@ class Allocator:
             mix=WorkloadMix(window=settings.mix_window),
         )
         self.journal = Journal(self.ledger)
-        self.passes = FilterPasses()
+        self.passes = FilterPasses(keep_s=settings.bind_window_s)
         self.guard = BindGuard(settings.scheduler_name, settings.bind_window_s, self.passes)
         self.engine = PlacementEngine(
             self.core, self.backend, journal=self.journal, guard=self.guard

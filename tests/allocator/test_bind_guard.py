@@ -8,6 +8,7 @@ import asyncio
 from prometheus_client import REGISTRY
 
 from services.allocator import Allocator, LocalClusterBackend
+from services.allocator.bind_guard import FilterPasses
 from services.common.bus import Bus
 
 from .conftest import MakeAllocator
@@ -148,3 +149,20 @@ async def test_a_replica_binds_what_another_replica_filtered(
     backend.add_pod(q)
     await post(http, f"{one.url}/scheduler/filter", filter_args(q, ["n1"]))
     assert "not passed" in await _bind(http, two, q, "n2")  # neither replica passed n2
+
+
+def test_pass_records_are_bounded_by_age_pods_and_node_names() -> None:
+    passes = FilterPasses(keep_s=10.0, capacity=3, node_entries=5)
+    passes.record("a", ["n1", "n2"], now=0.0)
+    assert passes.age("a", "n2", now=4.0) == 4.0
+    assert passes.age("a", "n3", now=4.0) is None  # a node its filter did not pass
+    passes.record("b", ["n1"], now=5.0)
+    passes.record("a", ["n3"], now=6.0)  # a new filter of a pod replaces its record
+    assert passes.age("a", "n1", now=6.0) is None and passes.age("a", "n3", now=6.0) == 0.0
+    passes.record("c", ["n1", "n2", "n3"], now=7.0)  # 5 names: at the bound
+    assert len(passes) == 3
+    passes.record("d", ["n1"], now=8.0)  # 6 names, 4 pods: the oldest (b) goes
+    assert passes.age("b", "n1", now=8.0) is None and len(passes) == 3
+    passes.record("e", ["n9"], now=17.5)  # a (6.0) and c (7.0) older than keep_s
+    assert passes.age("a", "n3", now=17.5) is None and passes.age("c", "n1", now=17.5) is None
+    assert passes.age("d", "n1", now=17.5) == 9.5
