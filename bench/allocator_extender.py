@@ -12,6 +12,10 @@ sends at that size (it stops looking after numFeasibleNodesToFind = max(100, N x
 max(5, 50 - N/125)%) feasible nodes: 500 of 5,000).
 
     .venv/bin/python -m bench.allocator_extender [--sizes 500,1000,2000,5000] [--pods 300]
+
+With ``--tls`` the verbs go to the extender's own port over HTTPS with a client certificate,
+as deploy/k8s configures kube-scheduler (keep-alive connections, as kube-scheduler's Go client
+keeps them), plain HTTP alongside for comparison; the figures go to their own section.
 """
 
 from __future__ import annotations
@@ -21,9 +25,12 @@ import asyncio
 import gc
 import logging
 import random
+import ssl
 import sys
+import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -32,6 +39,7 @@ import msgspec
 from bench.report import write_section
 from services.allocator import Allocator, AllocatorSettings, LocalClusterBackend
 from services.allocator.core import PodRef
+from services.cli.local_pki import CLIENT_NAME, client_context, make_local_pki
 from services.common import subjects
 from services.common.bus import Bus
 from services.common.embedded_nats import EmbeddedNats
@@ -134,12 +142,24 @@ class AcceptingCluster(LocalClusterBackend):
         return None
 
 
-async def serve(nats_url: str, size: int) -> None:
+async def serve(nats_url: str, size: int, tls_dir: str = "") -> None:
     """Child process: the allocator under test, filled half, until stdin closes."""
     logging.disable(logging.WARNING)
     cluster = AcceptingCluster()
+    tls: dict[str, Any] = {}
+    if tls_dir:
+        pki = Path(tls_dir)
+        tls = {
+            "extender_port": 0,
+            "extender_cert_file": str(pki / "extender.crt"),
+            "extender_key_file": str(pki / "extender.key"),
+            "extender_client_ca_file": str(pki / "ca.crt"),
+            "extender_client_allowed": f"CN={CLIENT_NAME}",
+        }
     allocator = Allocator(
-        AllocatorSettings(nats_url=nats_url, http_port=0, node_timeout_s=3600, lease_bucket=""),
+        AllocatorSettings(
+            nats_url=nats_url, http_port=0, node_timeout_s=3600, lease_bucket="", **tls
+        ),
         cluster,
     )
     filter_pod = allocator.engine.filter
@@ -155,17 +175,24 @@ async def serve(nats_url: str, size: int) -> None:
     while len(allocator.cluster.nodes()) < size:  # noqa: ASYNC110 - once, at set-up
         await asyncio.sleep(0.05)
     await fill_half(allocator, sorted(allocator.cluster.nodes()))
-    print(f"ready {allocator.url}", flush=True)
+    print(f"ready {allocator.extender_url.removesuffix('/scheduler')}", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     await allocator.stop()
 
 
-async def measure(size: int, pods: int, warmup: int) -> dict[str, Any]:
+async def measure(size: int, pods: int, warmup: int, tls_dir: str = "") -> dict[str, Any]:
     nats = EmbeddedNats().start()
     child = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bench.allocator_extender", "--serve", nats.url, str(size),
+        *([tls_dir] if tls_dir else []),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
+    context: ssl.SSLContext | bool = True
+    if tls_dir:
+        pki = Path(tls_dir)
+        context = client_context(
+            str(pki / "ca.crt"), str(pki / "client.crt"), str(pki / "client.key")
+        )
     assert child.stdout is not None and child.stdin is not None
     try:
         assert (await child.stdout.readline()).strip() == b"started"
@@ -179,8 +206,8 @@ async def measure(size: int, pods: int, warmup: int) -> dict[str, Any]:
         rng = random.Random(size)
         results: dict[str, Any] = {"nodes": size}
         async with (
-            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as http,
-            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=8)) as binder,
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1, ssl=context)) as http,
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=8, ssl=context)) as binder,
         ):
 
             async def call(session: aiohttp.ClientSession, verb: str, body: Any) -> Any:
@@ -293,15 +320,20 @@ async def measure(size: int, pods: int, warmup: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="500,1000,2000,5000")
+    parser.add_argument("--sizes", default="", help="default 500,1000,2000,5000 (--tls: 1000)")
     parser.add_argument("--pods", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--no-write", action="store_true")
-    parser.add_argument("--serve", nargs=2, metavar=("NATS_URL", "NODES"), help=argparse.SUPPRESS)
+    parser.add_argument("--tls", action="store_true", help="mutual TLS against plain HTTP")
+    parser.add_argument("--serve", nargs="+", metavar="ARG", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        asyncio.run(serve(args.serve[0], int(args.serve[1])))
+        asyncio.run(serve(args.serve[0], int(args.serve[1]), *args.serve[2:3]))
         return 0
+    if args.tls:
+        args.sizes = args.sizes or "1000"
+        return compare_tls(args)
+    args.sizes = args.sizes or "500,1000,2000,5000"
     logging.disable(logging.WARNING)
     # The client stands in for kube-scheduler (Go): keep Python's collector out of the timings.
     gc.set_threshold(100_000, 50, 1000)
@@ -343,6 +375,47 @@ annotation patch) are not in these figures.
 {table}"""
     if not args.no_write:
         write_section("allocator", markdown)
+    return 0
+
+
+TLS_HEADER = (
+    "| nodes | names | transport | filter p50/p99 | prioritize p50/p99 | bind p50/p99 "
+    "| pods/s seq. |\n|---|---|---|---|---|---|---|"
+)
+
+
+def compare_tls(args: argparse.Namespace) -> int:
+    """The same runs over plain HTTP and over mutual TLS, one after the other."""
+    logging.disable(logging.WARNING)
+    gc.set_threshold(100_000, 50, 1000)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="vgpu-bench-tls-") as directory:
+        make_local_pki(Path(directory))
+        for size in (int(s) for s in args.sizes.split(",")):
+            for transport, tls_dir in (("HTTP", ""), ("HTTPS + client cert", directory)):
+                result = asyncio.run(measure(size, args.pods, args.warmup, tls_dir))
+                r = result["sample"]
+                row = (
+                    f"| {size} | {r['names']} | {transport} | "
+                    f"{r['filter_p50']:.2f} / {r['filter_p99']:.2f} | "
+                    f"{r['prioritize_p50']:.2f} / {r['prioritize_p99']:.2f} | "
+                    f"{r['bind_p50']:.2f} / {r['bind_p99']:.2f} | {r['sequential']:.0f} |"
+                )
+                rows.append(row)
+                print(row, flush=True)
+    markdown = f"""### Scheduler extender over mutual TLS (issue 20)
+
+`.venv/bin/python -m bench.allocator_extender --tls --sizes {args.sizes} --pods {args.pods}`
+on the 2-core development VM: the runs of "Scheduler extender latency and throughput" (the
+sample of node names kube-scheduler sends), once over plain HTTP and once to the extender's
+own port over HTTPS with a client certificate (ECDSA P-256, TLS 1.3, keep-alive connections
+as kube-scheduler keeps them). Each bind also reads the pod back from the cluster seam and
+checks the filter's pass (in memory here). Times in ms (p50 / p99) at the client.
+
+{TLS_HEADER}
+{chr(10).join(rows)}"""
+    if not args.no_write:
+        write_section("allocator-tls", markdown)
     return 0
 
 
