@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import gc
 import logging
+import os
 import random
 import ssl
 import sys
@@ -389,6 +390,7 @@ def compare_tls(args: argparse.Namespace) -> int:
     logging.disable(logging.WARNING)
     gc.set_threshold(100_000, 50, 1000)
     rows = []
+    load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="vgpu-bench-tls-") as directory:
         make_local_pki(Path(directory))
         for size in (int(s) for s in args.sizes.split(",")):
@@ -410,7 +412,9 @@ on the 2-core development VM: the runs of "Scheduler extender latency and throug
 sample of node names kube-scheduler sends), once over plain HTTP and once to the extender's
 own port over HTTPS with a client certificate (ECDSA P-256, TLS 1.3, keep-alive connections
 as kube-scheduler keeps them). Each bind also reads the pod back from the cluster seam and
-checks the filter's pass (in memory here). Times in ms (p50 / p99) at the client.
+checks the filter's pass (in memory here). Times in ms (p50 / p99) at the client. Load
+average at the start: {load:.1f} on 2 cores (other work shared the machine: compare the two
+rows of one run, not these with the quiet figures above).
 
 {TLS_HEADER}
 {chr(10).join(rows)}"""
