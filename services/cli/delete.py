@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 import click
 
+from services.cli.object_names import name_problem, namespace_problem
 from services.cli.state import StateError, default_state_file, read_state
 
 
@@ -30,6 +31,9 @@ async def delete_pod(api_url: str, namespace: str, name: str) -> tuple[int, dict
 def delete_command(pod: str, namespace: str, state_file: Path | None) -> None:
     """Delete a pod (and free its GPU slices) on the system `vgpu up` runs."""
     name = pod.removeprefix("pod/").removeprefix("pods/")
+    problem = namespace_problem(namespace) or name_problem(name)
+    if problem:
+        raise click.UsageError(problem.replace("metadata.", "", 1))
     try:
         state = read_state(state_file or default_state_file())
         status, answer = asyncio.run(delete_pod(state.api_url, namespace, name))

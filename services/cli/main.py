@@ -186,8 +186,8 @@ def submit(manifest: Path, state_file: Path | None, as_json: bool, timeout: floa
     from services.cli.submit import submit as submit_pod
 
     try:
+        pod = load_pod(manifest)  # the file's problems first: they need no running system
         state = read_state(state_file or default_state_file())
-        pod = load_pod(manifest)
         # Without the bus nothing can be booked: say so, rather than blame the node agents.
         problem = bus_problem(state.nats_url)
         if problem:

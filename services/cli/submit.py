@@ -20,6 +20,7 @@ import aiohttp
 import msgspec
 import yaml
 
+from services.cli.object_names import name_problem, namespace_problem
 from services.cli.state import UpState
 from services.common.quantity import QuantityError
 from services.common.resources import MANAGED_RESOURCES, RequestError, pod_container_values
@@ -67,9 +68,15 @@ class SubmitOutcome(msgspec.Struct, kw_only=True):
 def load_pod(path: Path) -> dict[str, Any]:
     """The Pod in a manifest file, completed as the API server would (namespace, uid)."""
     try:
-        documents = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+        text = path.read_bytes().decode("utf-8")
     except OSError as exc:
         raise ManifestError(f"cannot read {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:  # a binary file, or another encoding
+        raise ManifestError(
+            f"{path} is not a YAML or JSON manifest: byte {exc.start} is not UTF-8 text"
+        ) from exc
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
         raise ManifestError(f"{path} is not valid YAML: {exc}") from exc
     pods = [d for d in documents if isinstance(d, dict) and d.get("kind") == "Pod"]
@@ -80,6 +87,9 @@ def load_pod(path: Path) -> dict[str, Any]:
     if not isinstance(metadata, dict) or not metadata.get("name"):
         raise ManifestError(f"{path}: the Pod has no metadata.name")
     metadata.setdefault("namespace", "default")
+    problem = name_problem(metadata["name"]) or namespace_problem(metadata["namespace"])
+    if problem:
+        raise ManifestError(f"{path}: {problem}")
     metadata["uid"] = str(uuid.uuid4())
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     metadata["creationTimestamp"] = now
