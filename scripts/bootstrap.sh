@@ -8,7 +8,11 @@ marker=".venv/.installed${EXTRAS:+-$EXTRAS}"
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
-if [ ! -f "$marker" ] || [ pyproject.toml -nt "$marker" ]; then
+installed() {  # $1: a marker left by an install at least as new as pyproject.toml
+    [ -f "$1" ] && [ ! pyproject.toml -nt "$1" ]
+}
+# The test extras hold the plain install: after scripts/test.sh, scripts/up.sh reuses it.
+if ! installed "$marker" && ! { [ -z "$EXTRAS" ] && installed .venv/.installed-test; }; then
     .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
     .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".${EXTRAS:+[$EXTRAS]}"
     touch "$marker"
