@@ -346,8 +346,10 @@ class PlacementEngine:
                 await self.journal.save(allocation.node)
             except JournalError as store_exc:
                 log.error(
-                    "cannot undo a stored decision", extra={"uid": ref.uid, "error": str(store_exc)}
-                )
+                    "cannot undo a stored decision",
+                    extra={"pod": str(ref), "uid": ref.uid, "node": allocation.node,
+                           "reason": str(exc), "error": str(store_exc)},
+                )  # fmt: skip
             if isinstance(exc, BindError):
                 raise
             raise BindError(f"cannot annotate pod {ref}: {exc}") from exc
@@ -599,7 +601,12 @@ class PlacementEngine:
             except Exception as exc:  # the claim is refused below, naming the pod
                 log.warning(
                     "cannot read a pod's request from the cluster",
-                    extra={"uid": uid, "error": str(exc)},
+                    extra={
+                        "pod": f"{allocation.namespace}/{allocation.name}",
+                        "uid": uid,
+                        "node": allocation.node,
+                        "error": str(exc),
+                    },
                 )
 
     def preferred(self, node: str, available_gpus: list[str], size: int) -> list[str]:
@@ -632,7 +639,11 @@ class PlacementEngine:
         try:
             await self.journal.save(allocation.node)
         except JournalError as exc:
-            log.error("cannot store a release", extra={"uid": uid, "error": str(exc)})
+            log.error(
+                "cannot store a release",
+                extra={"pod": f"{allocation.namespace}/{allocation.name}", "uid": uid,
+                       "node": allocation.node, "reason": reason, "error": str(exc)},
+            )  # fmt: skip
         log.info(
             "pod released",
             extra={
@@ -656,8 +667,10 @@ class PlacementEngine:
             await self.journal.save(allocation.node)
         except JournalError as exc:
             log.error(
-                "cannot store an adopted decision", extra={"uid": allocation.uid, "error": str(exc)}
-            )
+                "cannot store an adopted decision",
+                extra={"pod": f"{allocation.namespace}/{allocation.name}", "uid": allocation.uid,
+                       "node": allocation.node, "error": str(exc)},
+            )  # fmt: skip
         return True
 
     def allocations(self) -> list[PodAllocation]:
@@ -673,7 +686,13 @@ class PlacementEngine:
         except Exception as exc:  # the decision stands; listeners resync from /allocations
             log.warning(
                 "cannot publish allocation event",
-                extra={"node": node, "kind": kind, "uid": allocation.uid, "error": str(exc)},
+                extra={
+                    "pod": f"{allocation.namespace}/{allocation.name}",
+                    "node": node,
+                    "kind": kind,
+                    "uid": allocation.uid,
+                    "error": str(exc),
+                },
             )
 
 
