@@ -112,10 +112,10 @@ assert cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(1000 << 20)) == 0
 if os.fork() == 0:
     # fork() has returned here, so the hook's at-fork handlers have let go of the parent's
     # slot: before that, the child still shares the parent's lock (and shows it alive).
-    print("child", flush=True)
+    os.write(1, b"child\\n")  # one write each: the two processes share the pipe
     time.sleep(30)  # outlives its parent; killed by the test
     os._exit(0)
-print("forked", flush=True)
+os.write(1, b"forked\\n")
 os.kill(os.getpid(), 9)  # the parent dies holding its 1000 MiB
 """
     proc = subprocess.Popen(
