@@ -115,7 +115,7 @@ void __sanitizer_set_death_callback(void (*callback)(void));
 
 static void save_crash(void)
 {
-    if (!running)
+    if (!running || !artifacts)
         return;
     char path[4096];
     snprintf(path, sizeof path, "%scrash-%016llx", artifacts,
@@ -310,13 +310,14 @@ int main(int argc, char **argv)
         else if (a[0] == '-') {
             fprintf(stderr, "vgpu-fuzz: unknown option %s\n", a);
             return 2;
-        } else { /* replay a file */
+        } else { /* replay a file (a failure is reported, not saved again) */
             size_t len;
             uint8_t *data = read_file(a, &len);
             if (!data) {
                 fprintf(stderr, "vgpu-fuzz: %s: %s\n", a, strerror(errno));
                 return 2;
             }
+            artifacts = NULL;
             run_one(data, len);
             free(data);
             replay = 1;
