@@ -12,6 +12,21 @@ from typing import Literal
 import msgspec
 
 
+class MigDevice(msgspec.Struct, frozen=True, kw_only=True):
+    """One MIG device (a compute instance inside a GPU instance) of a GPU in MIG mode."""
+
+    uuid: str  # "MIG-<uuid>", what NVIDIA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES take
+    profile: str  # the device's profile: "1g.5gb", or "1c.3g.20gb" for a partial CI
+    gi_profile: str  # its GPU instance's profile, e.g. "3g.20gb"
+    gi_id: int
+    ci_id: int
+    start: int  # first memory slice of its GPU instance
+    size: int  # memory slices of its GPU instance
+    memory_mib: int
+    sm_count: int = 0
+    healthy: bool = True
+
+
 class GpuDevice(msgspec.Struct, frozen=True, kw_only=True):
     uuid: str
     index: int
@@ -37,6 +52,10 @@ class GpuDevice(msgspec.Struct, frozen=True, kw_only=True):
     replicas: int = 0  # device IDs advertised for it; 0 = the allocator's split count
     # NVIDIA's failRequestsGreaterThanOne: one replica per container (time-slicing / mps).
     one_replica_per_container: bool = False
+    mig_devices: list[MigDevice] = []  # its MIG geometry (mig_mode only), GI then CI order
+    # Dynamic MIG: the agent creates and destroys this GPU's MIG instances on demand, and the
+    # allocator places memory requests on it by MIG geometry (docs/modes.md, section MIG).
+    mig_dynamic: bool = False
 
 
 class NodeInventory(msgspec.Struct, kw_only=True):

@@ -7,6 +7,7 @@ streams end cleanly when the agent stops.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.common.schemas import GpuDevice
@@ -24,13 +25,22 @@ class AdvertisedDevice:
     gpu: GpuDevice
 
 
+def _every_gpu(gpu: GpuDevice) -> bool:
+    return True
+
+
 class DeviceCatalog:
     """`plan` gives each GPU its sharing mode and its number of device IDs (modes.py);
     without one every GPU is a vgpu GPU with `split_count` IDs."""
 
     def __init__(
-        self, gpus: list[GpuDevice], split_count: int, plan: ModePlan | None = None
+        self,
+        gpus: list[GpuDevice],
+        split_count: int,
+        plan: ModePlan | None = None,
+        advertise: Callable[[GpuDevice], bool] = _every_gpu,
     ) -> None:
+        self._advertise = advertise
         self._split_count = split_count
         self._plan = plan or ModePlan(split_count=split_count)
         gpus = self._plan.annotate(gpus)
@@ -52,6 +62,8 @@ class DeviceCatalog:
         return [
             AdvertisedDevice(make_device_id(gpu.uuid, replica), gpu)
             for gpu in self._gpus
+            for gpu in self._gpus
+            if self._advertise(gpu)
             for replica in range(gpu.replicas or self._split_count)
         ]
 
@@ -62,7 +74,11 @@ class DeviceCatalog:
         except DeviceIdError as exc:
             raise UnknownDeviceError(str(exc)) from exc
         gpu = self._by_uuid.get(parsed.gpu_uuid)
-        if gpu is None or parsed.replica >= (gpu.replicas or self._split_count):
+        if (
+            gpu is None
+            or parsed.replica >= (gpu.replicas or self._split_count)
+            or not self._advertise(gpu)
+        ):
             raise UnknownDeviceError(f"unknown device ID {device_id!r}: not advertised here")
         return gpu
 

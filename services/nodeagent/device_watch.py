@@ -23,12 +23,15 @@ class DeviceWatcher:
         on_change: Callable[[], Awaitable[None]],
         interval_s: float,
         marks: HealthMarks | None = None,
+        view: Callable[[list[GpuDevice]], list[GpuDevice]] | None = None,
     ) -> None:
         self._backend = backend
         self._catalog = catalog
         self._on_change = on_change
         self._interval_s = interval_s
         self._marks = marks or HealthMarks()
+        # What the agent makes of the backend's list (health marks, dynamic-MIG marks).
+        self._view = view or self._marks.apply
         self._lock = asyncio.Lock()  # the poll and the XID monitor may refresh at once
         self._task: asyncio.Task[None] | None = None
 
@@ -36,7 +39,7 @@ class DeviceWatcher:
         self._task = asyncio.create_task(self._run())
 
     def current(self) -> list[GpuDevice]:
-        return self._marks.apply(self._backend.devices())
+        return self._view(self._backend.devices())
 
     async def refresh(self) -> bool:
         """Take the backend's current view; True when it changed (watchers were woken)."""

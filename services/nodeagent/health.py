@@ -62,12 +62,20 @@ class HealthMarks:
         return True
 
     def apply(self, gpus: list[GpuDevice]) -> list[GpuDevice]:
-        return [
-            msgspec.structs.replace(gpu, healthy=False)
-            if gpu.healthy and (self._all or gpu.uuid in self._uuids)
-            else gpu
-            for gpu in gpus
-        ]
+        """The GPUs with the marks applied; a marked MIG device (its `MIG-` UUID) turns only
+        that device unhealthy, as NVIDIA's plugin matches MIG events to their instance."""
+        return [self._apply_one(gpu) for gpu in gpus]
+
+    def _apply_one(self, gpu: GpuDevice) -> GpuDevice:
+        if gpu.healthy and (self._all or gpu.uuid in self._uuids):
+            gpu = msgspec.structs.replace(gpu, healthy=False)
+        if any(m.healthy and m.uuid in self._uuids for m in gpu.mig_devices):
+            marked = [
+                msgspec.structs.replace(m, healthy=False) if m.uuid in self._uuids else m
+                for m in gpu.mig_devices
+            ]
+            gpu = msgspec.structs.replace(gpu, mig_devices=marked)
+        return gpu
 
 
 class HealthMonitor:

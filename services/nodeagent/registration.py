@@ -71,6 +71,10 @@ class DevicePluginServer:
         self.registrations = 0
 
     @property
+    def resource_name(self) -> str:
+        return self._resource
+
+    @property
     def socket_path(self) -> Path:
         return self._plugin_dir / self._socket_name
 

@@ -40,6 +40,15 @@ from services.nodeagent.grant import (
 from services.nodeagent.health import HealthMarks, HealthMonitor, parse_xids
 from services.nodeagent.kubelet_checkpoint import CHECKPOINT_FILE, KubeletCheckpoint
 from services.nodeagent.labels import REPLICAS, SHARING, NodeLabeler, gpu_labels, labeler_for
+from services.nodeagent.mig_plugin import MIG_OPTIONS, MigDevicePluginServicer, mig_socket_name
+from services.nodeagent.mig_resources import (
+    MigEntry,
+    MigStrategyError,
+    mark_dynamic,
+    mig_resources,
+    parse_dynamic,
+    slice_served,
+)
 from services.nodeagent.modes import EXCLUSIVE, MPS, TIME_SLICING, VGPU
 from services.nodeagent.mps import MpsDaemons
 from services.nodeagent.plugin import OPTIONS, DevicePluginServicer
@@ -102,6 +111,7 @@ class NodeAgent:
                 settings.node_name,
                 settings.simulate,
                 simulate_driver_dir=settings.simulate_driver_dir,
+                simulate_mig=settings.simulate_mig,
             )
         self._backend = gpu_backend
         self._labeler = (
@@ -111,6 +121,7 @@ class NodeAgent:
         )
         self._stack = contextlib.AsyncExitStack()
         self._plugin_server: DevicePluginServer | None = None
+        self._plugin_servers: list[DevicePluginServer] = []  # the MIG resources' too
         self._catalog: DeviceCatalog | None = None
         self._watcher: DeviceWatcher | None = None
         self._relay: RelayHub | None = None
@@ -177,7 +188,7 @@ class NodeAgent:
             return self._backend
         try:
             self._backend = backend_for(
-                s.node_name, s.simulate, s.sysfs_root, s.simulate_driver_dir
+                s.node_name, s.simulate, s.sysfs_root, s.simulate_driver_dir, s.simulate_mig
             )
         except NvmlInitError as exc:
             if s.fail_on_init_error:
@@ -194,7 +205,13 @@ class NodeAgent:
         backend = await asyncio.to_thread(self._open_backend)
         self._stack.callback(backend.close)
         marks = HealthMarks()
-        first = await asyncio.to_thread(lambda: marks.apply(backend.devices()))
+        dynamic = parse_dynamic(s.mig_dynamic)
+
+        def view(gpus: list[GpuDevice]) -> list[GpuDevice]:
+            marked = marks.apply(gpus)
+            return mark_dynamic(marked, dynamic) if s.mig_dynamic else marked
+
+        first = await asyncio.to_thread(lambda: view(backend.devices()))
         if not first and not self.idle_reason:
             # As 4paradigm's plugin: no GPU is an init error (exit, so the DaemonSet's pod
             # shows it), unless the operator runs the agent on nodes without GPUs too.
@@ -207,12 +224,16 @@ class NodeAgent:
             # Registered with nothing: the kubelet sees zero devices, the allocator a node
             # without GPUs; GPUs that appear later are picked up by the device watcher.
             log.warning("node agent idle", extra={"node": s.node_name, "reason": self.idle_reason})
+        strategy = s.mig_strategy
+        mig_names = list(mig_resources(first, strategy, s.resource_name))  # refuses bad geometry
         stack = self._stack
         bus = await Bus.connect(s.nats_url, f"vgpu-nodeagent-{s.node_name}")
         stack.push_async_callback(bus.close)
         locator = PodResourcesClient(s.pod_resources_socket)
         stack.push_async_callback(locator.close)
-        catalog = DeviceCatalog(first, s.split_count, mode_plan(s))
+        catalog = DeviceCatalog(
+            first, s.split_count, mode_plan(s), lambda gpu: slice_served(gpu, strategy)
+        )
         self._catalog = catalog
         mps_gpus = [gpu for gpu in catalog.gpus if gpu.sharing_mode == MPS]
         if mps_gpus:
@@ -311,7 +332,7 @@ class NodeAgent:
             await publisher.publish_inventory()
             await self._label(catalog.gpus)
 
-        watcher = DeviceWatcher(backend, catalog, on_change, s.usage_interval_s, marks)
+        watcher = DeviceWatcher(backend, catalog, on_change, s.usage_interval_s, marks, view)
         self._watcher = watcher
         watcher.start()
         stack.push_async_callback(watcher.stop)
@@ -389,10 +410,16 @@ class NodeAgent:
             node_name=s.node_name,
             watch_interval_s=s.kubelet_watch_interval_s,
         )
-        stack.push_async_callback(plugin_server.stop)
+        servers = [] if strategy == "single" else [plugin_server]
+        for resource in mig_names:
+            servers.append(self._mig_server(resource, catalog))
+        for server in servers:
+            stack.push_async_callback(server.stop)
         stack.push_async_callback(catalog.close)  # runs first on stop: ends ListAndWatch streams
-        await plugin_server.start()
-        self._plugin_server = plugin_server
+        for server in servers:
+            await server.start()
+        self._plugin_servers = servers
+        self._plugin_server = servers[0]
         log.info(
             "node agent started",
             extra={
@@ -401,10 +428,44 @@ class NodeAgent:
                 "devices": len(catalog.devices()),
                 "resource": self.resource_name,
                 "modes": sorted({gpu.sharing_mode for gpu in catalog.gpus}),
+                "mig_strategy": strategy,
+                "mig_resources": mig_names,
                 "socket": str(self.socket_path),
                 "driver": backend.driver_version(),
                 "cuda": backend.cuda_version(),
             },
+        )
+
+    def _mig_server(self, resource: str, catalog: DeviceCatalog) -> DevicePluginServer:
+        """A device plugin for one static MIG resource (its own socket, as NVIDIA's)."""
+        s = self._settings
+
+        def entries(gpus: list[GpuDevice]) -> list[MigEntry]:
+            try:
+                return mig_resources(gpus, s.mig_strategy, s.resource_name).get(resource, [])
+            except MigStrategyError as exc:  # geometry changed under a running agent
+                log.error(
+                    "MIG geometry breaks the strategy; advertising it anyway",
+                    extra={"node": s.node_name, "resource": resource, "reason": str(exc)},
+                )
+                return [MigEntry(m, gpu) for gpu in gpus for m in gpu.mig_devices]
+
+        servicer = MigDevicePluginServicer(
+            node_name=s.node_name,
+            resource=resource,
+            catalog=catalog,
+            entries=entries,
+            device_list_strategy=s.device_list_strategy,
+            cdi_kind=s.cdi_kind,
+        )
+        return DevicePluginServer(
+            servicer,
+            plugin_dir=s.plugin_dir,
+            socket_name=s.socket_name if resource == s.resource_name else mig_socket_name(resource),
+            resource_name=resource,
+            options=MIG_OPTIONS,
+            node_name=s.node_name,
+            watch_interval_s=s.kubelet_watch_interval_s,
         )
 
     async def _restore(
@@ -568,15 +629,22 @@ class NodeAgent:
     async def wait_registered(self, timeout_s: float = 10.0) -> None:
         if self._plugin_server is None:
             raise RuntimeError("node agent is not started")
-        await self._plugin_server.wait_registered(timeout_s)
+        for server in self._plugin_servers:
+            await server.wait_registered(timeout_s)
 
     @property
     def registrations(self) -> int:
         return 0 if self._plugin_server is None else self._plugin_server.registrations
 
+    @property
+    def resources(self) -> list[str]:
+        """The resources this agent registered with the kubelet."""
+        return [server.resource_name for server in self._plugin_servers]
+
     async def stop(self) -> None:
         stack, self._stack = self._stack, contextlib.AsyncExitStack()
         self._plugin_server = None
+        self._plugin_servers = []
         self._watcher = None
         self._relay = None
         self._janitor = None

@@ -32,6 +32,7 @@ from services.nodeagent.nvidia_config import (
     load_nvidia_config,
     settings_values,
 )
+from services.nodeagent.mig_resources import parse_dynamic
 from services.nodeagent.resource_config import ResourceRule, gpu_rule, parse_resource_config
 
 MIG_STRATEGIES = ("none", "single", "mixed")
@@ -48,6 +49,12 @@ class NodeAgentSettings(msgspec.Struct, kw_only=True, frozen=True):
     # With `simulate`: the simulated CUDA driver's state directory (VGPU_SIM_STATE_DIR of the
     # node's containers), whose per-process memory the simulated GPUs then list as NVML would.
     simulate_driver_dir: str = ""
+    # With `simulate`: the MIG geometry the simulated GPUs start with, e.g.
+    # "0:3g.20gb,2x2g.10gb;1+2:7x1g.5gb" or "all:" (MIG on, no instance); gpus/sim_mig.py.
+    simulate_mig: str = ""
+    # Dynamic MIG: GPUs ("all", or indices joined by ",") whose MIG instances the agent creates
+    # on demand for memory requests, placed by the allocator; "" = none.
+    mig_dynamic: str = ""
     # NVML cannot start: true = exit with the reason (NVIDIA's default); false = idle quietly
     # (for DaemonSets that also land on nodes without GPUs).
     fail_on_init_error: bool = True
@@ -84,7 +91,9 @@ class NodeAgentSettings(msgspec.Struct, kw_only=True, frozen=True):
     # Also return the /dev nodes as DeviceSpecs (NVIDIA's passDeviceSpecs; CPUManager).
     pass_device_specs: bool = False
     nvidia_driver_root: str = "/"  # host root of the driver and its /dev nodes
-    # NVIDIA's migStrategy: none | single | mixed (MIG itself: docs/modes.md).
+    # NVIDIA's migStrategy: how MIG devices are advertised: none (whole GPUs only), single
+    # (every MIG device as resource_name; one profile per node) or mixed
+    # (nvidia.com/mig-<profile> per profile). docs/modes.md, section MIG.
     mig_strategy: str = "none"
     # How GPUs are shared (docs/modes.md): vgpu | time-slicing | mps | exclusive, for the
     # node, and per GPU "0=mps,GPU-...=exclusive" (GPU index or UUID) over it.
@@ -217,6 +226,14 @@ def check_settings(settings: NodeAgentSettings) -> None:
                 f"{field} must be -1 (the default), 0 (not stated) or more, "
                 f"got {getattr(settings, field)}"
             )
+    parse_dynamic(settings.mig_dynamic)
+    if settings.mig_dynamic and settings.mig_strategy == "single":
+        raise ValueError(
+            "mig_dynamic cannot be used with mig_strategy single: single advertises only MIG "
+            "devices of one uniform profile under resource_name; use none or mixed"
+        )
+    if settings.simulate_mig and not settings.simulate:
+        raise ValueError("simulate_mig needs simulate (it describes simulated GPUs)")
     parse_xids(settings.ignored_xids)
     parse_overheads(settings.context_overhead)
     for field in (

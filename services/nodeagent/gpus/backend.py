@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from services.common.schemas import GpuDevice, GpuUsage
+from services.common.schemas import GpuDevice, GpuUsage, MigDevice
 
 
 @dataclass(frozen=True)
@@ -66,3 +66,26 @@ class LoadSink(Protocol):
     def detach(self, key: str) -> None:
         """Container directory `key` is gone (no-op if it held nothing)."""
         ...
+
+
+@runtime_checkable
+class MigControl(Protocol):
+    """Optional, for backends that can partition GPUs with MIG (NVML's MIG calls). Refusals
+    raise ValueError naming NVML's reason. The agent checks with isinstance."""
+
+    def set_mig_mode(self, gpu_uuid: str, enabled: bool) -> None: ...
+
+    def create_gpu_instance(self, gpu_uuid: str, profile: str, start: int = -1) -> int:
+        """A GPU instance of `profile` (e.g. "1g.5gb") at memory slice `start` (-1: the
+        backend's choice); its GI ID."""
+        ...
+
+    def destroy_gpu_instance(self, gpu_uuid: str, gi_id: int) -> None: ...
+
+    def create_compute_instance(self, gpu_uuid: str, gi_id: int, slices: int = 0) -> int:
+        """A compute instance of `slices` compute slices (0: the whole GI); its CI ID."""
+        ...
+
+    def destroy_compute_instance(self, gpu_uuid: str, gi_id: int, ci_id: int) -> None: ...
+
+    def mig_devices(self, gpu_uuid: str) -> list[MigDevice]: ...

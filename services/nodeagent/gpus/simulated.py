@@ -18,8 +18,12 @@ is listed with its host PID and what it really holds (`sim_driver.py`), hook or 
 NVML lists processes on hardware, and its memory counts in the GPU's used memory.
 
 Faults for demos and tests: `inject_xid` (goes through the same health policy as NVML's XID
-events), `remove_gpu` (the GPU stops answering) and `set_healthy`. A model missing from the
-table can be given inline as `<count>x<name>:<memory MiB>:<SMs>`.
+events), `remove_gpu` (the GPU stops answering) and `set_healthy` (a GPU's or a MIG device's UUID).
+A model missing from the table can be given inline as `<count>x<name>:<memory MiB>:<SMs>`.
+
+MIG (A100-40GB, A100-80GB, H100-80GB): NVML's MIG calls (`set_mig_mode`,
+`create_gpu_instance`, `create_compute_instance`, their destroy calls, `mig_devices`) with
+NVML's rules (sim_mig.py); `mig_geometry` gives the instances the node starts with.
 """
 
 from __future__ import annotations
@@ -37,9 +41,10 @@ from pathlib import Path
 
 import msgspec
 
-from services.common.schemas import GpuDevice, GpuUsage
+from services.common.schemas import GpuDevice, GpuUsage, MigDevice
 from services.nodeagent.gpus import sim_driver
 from services.nodeagent.gpus.backend import GpuProcess, HealthEvent
+from services.nodeagent.gpus.sim_mig import SimulatedMig, parse_geometry
 
 
 @dataclass(frozen=True)
@@ -177,6 +182,7 @@ class SimulatedGpuBackend:
         spec: str,
         clock: Callable[[], float] = time.time,
         driver_state_dir: str | Path = "",
+        mig_geometry: str = "",
     ) -> None:
         models = parse_spec(spec)
         self._clock = clock
@@ -202,6 +208,14 @@ class SimulatedGpuBackend:
         self._slices: dict[tuple[str, str], _Slice] = {}
         self._events: queue.Queue[HealthEvent] = queue.Queue()
         self._removed: set[str] = set()
+        self._mig = SimulatedMig()
+        for device in self._devices:
+            self._mig.add_gpu(device.uuid, device.model, device.sm_count)
+        for index, profiles in parse_geometry(mig_geometry, count).items():
+            try:
+                self._mig.apply_geometry(self._devices[index].uuid, profiles)
+            except ValueError as exc:
+                raise ValueError(f"MIG geometry of GPU {index}: {exc}") from None
 
     def _position(self, gpu_uuid: str) -> int:
         for position, device in enumerate(self._devices):
@@ -210,9 +224,39 @@ class SimulatedGpuBackend:
         raise ValueError(f"no simulated GPU with uuid {gpu_uuid!r}")
 
     def devices(self) -> list[GpuDevice]:
-        return list(self._devices)
+        return [
+            msgspec.structs.replace(
+                device, mig_mode=True, mig_devices=self._mig.devices(device.uuid)
+            )
+            if self._mig.mig_mode(device.uuid)
+            else device
+            for device in self._devices
+        ]
+
+    # NVML's MIG calls (nvmlDeviceSetMigMode, nvmlDeviceCreateGpuInstanceWithPlacement, ...):
+    # MigError (a ValueError) with NVML's reason when refused.
+    def set_mig_mode(self, gpu_uuid: str, enabled: bool) -> None:
+        self._mig.set_mig_mode(gpu_uuid, enabled)
+
+    def create_gpu_instance(self, gpu_uuid: str, profile: str, start: int = -1) -> int:
+        return self._mig.create_gpu_instance(gpu_uuid, profile, start)
+
+    def destroy_gpu_instance(self, gpu_uuid: str, gi_id: int) -> None:
+        self._mig.destroy_gpu_instance(gpu_uuid, gi_id)
+
+    def create_compute_instance(self, gpu_uuid: str, gi_id: int, slices: int = 0) -> int:
+        return self._mig.create_compute_instance(gpu_uuid, gi_id, slices)
+
+    def destroy_compute_instance(self, gpu_uuid: str, gi_id: int, ci_id: int) -> None:
+        self._mig.destroy_compute_instance(gpu_uuid, gi_id, ci_id)
+
+    def mig_devices(self, gpu_uuid: str) -> list[MigDevice]:
+        return self._mig.devices(gpu_uuid)
 
     def set_healthy(self, gpu_uuid: str, healthy: bool) -> None:
+        if gpu_uuid.startswith("MIG-"):
+            self._mig.set_healthy(gpu_uuid, healthy)
+            return
         position = self._position(gpu_uuid)
         self._devices[position] = msgspec.structs.replace(self._devices[position], healthy=healthy)
 
@@ -225,7 +269,10 @@ class SimulatedGpuBackend:
 
     def inject_xid(self, gpu_uuid: str, xid: int) -> None:
         """Deliver an XID event as NVML would; the agent's health policy decides what it means."""
-        if gpu_uuid:
+        if gpu_uuid.startswith("MIG-"):
+            if self._mig.owner_of(gpu_uuid) is None:
+                raise ValueError(f"no simulated MIG device with uuid {gpu_uuid!r}")
+        elif gpu_uuid:
             self._position(gpu_uuid)
         self._events.put(HealthEvent(uuid=gpu_uuid, xid=xid))
 

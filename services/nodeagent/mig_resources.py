@@ -1,0 +1,120 @@
+"""Which resource each GPU and MIG device is advertised under, per MIG strategy, as NVIDIA's
+device plugin names them (flags.migStrategy):
+
+| strategy | GPUs with MIG off | GPUs with MIG on |
+|---|---|---|
+| none | resource_name (vgpu slices) | resource_name too, whole (vgpu does not slice them) |
+| single | refused: every GPU must be in MIG mode | every MIG device as resource_name |
+| mixed | resource_name (vgpu slices) | nvidia.com/mig-<profile> per profile |
+
+Under single, NVIDIA's rules hold: all GPUs in MIG mode, each with MIG devices, all of one
+profile; otherwise MigStrategyError says which rule broke. GPUs marked for dynamic MIG stay
+under resource_name (the allocator places memory requests on them by MIG geometry).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+from services.common import mig
+from services.common.schemas import GpuDevice, MigDevice
+
+class MigStrategyError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class MigEntry:
+    device: MigDevice
+    parent: GpuDevice
+
+    @property
+    def healthy(self) -> bool:
+        return self.device.healthy and self.parent.healthy
+
+
+def parse_dynamic(text: str) -> tuple[int, ...] | None:
+    """GPU indices of `mig_dynamic`: None for "all", () for ""; ValueError otherwise."""
+    text = text.strip()
+    if text == "all":
+        return None
+    indices = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if not part.isdigit():
+            raise ValueError(f"mig_dynamic: {part!r} is not a GPU index (expected all or 0,1)")
+        indices.append(int(part))
+    return tuple(indices)
+
+
+def mark_dynamic(gpus: list[GpuDevice], selection: tuple[int, ...] | None) -> list[GpuDevice]:
+    """The GPUs with `mig_dynamic` set on those selected that support MIG."""
+    return [
+        msgspec.structs.replace(gpu, mig_dynamic=True)
+        if mig.mig_capable(gpu.model) and (selection is None or gpu.index in selection)
+        else gpu
+        for gpu in gpus
+    ]
+
+
+def static_mig(gpu: GpuDevice) -> bool:
+    """A GPU whose MIG devices the static strategies advertise."""
+    return gpu.mig_mode and not gpu.mig_dynamic
+
+
+def slice_served(gpu: GpuDevice, strategy: str) -> bool:
+    """Whether vgpu's own (sliced) resource lists this GPU."""
+    if strategy == "single":
+        return False
+    if strategy == "mixed":
+        return not static_mig(gpu)
+    return True
+
+
+def check_single(gpus: list[GpuDevice]) -> None:
+    """NVIDIA's single-strategy rules, MigStrategyError naming the one broken."""
+    off = [gpu.index for gpu in gpus if not gpu.mig_mode]
+    if off:
+        raise MigStrategyError(
+            f"mig_strategy single: all GPUs must have the same migEnabled value; GPU(s) "
+            f"{off} have MIG off"
+        )
+    empty = [gpu.index for gpu in gpus if not gpu.mig_devices]
+    if empty:
+        raise MigStrategyError(
+            f"mig_strategy single: MIG-enabled GPU(s) {empty} have no MIG devices"
+        )
+    profiles = sorted({(m.profile, m.memory_mib) for gpu in gpus for m in gpu.mig_devices})
+    if len(profiles) > 1:
+        names = ", ".join(profile for profile, _ in profiles)
+        raise MigStrategyError(
+            f"mig_strategy single: more than one MIG device type present on node ({names})"
+        )
+
+
+def mig_resources(
+    gpus: list[GpuDevice], strategy: str, base_resource: str
+) -> dict[str, list[MigEntry]]:
+    """{resource: its MIG devices}. Under mixed every profile the node's MIG GPUs support
+    is listed, empty or not (so a resource stays registered while geometry changes); MIG
+    devices split into smaller compute instances match no profile and are left out, as
+    NVIDIA's device map cannot name them."""
+    if strategy == "single":
+        check_single(gpus)
+        return {base_resource: [MigEntry(m, gpu) for gpu in gpus for m in gpu.mig_devices]}
+    if strategy != "mixed":
+        return {}
+    found: dict[str, list[MigEntry]] = {}
+    for gpu in gpus:
+        if not static_mig(gpu):
+            continue
+        for profile in mig.profiles_for(gpu.model):
+            found.setdefault(mig.resource_name(profile.name), [])
+        for device in gpu.mig_devices:
+            listed = found.get(mig.resource_name(device.profile))
+            if listed is not None:
+                listed.append(MigEntry(device, gpu))
+    return found
