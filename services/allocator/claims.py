@@ -6,7 +6,14 @@ from prometheus_client import Counter
 
 from services.common import subjects
 from services.common.bus import Bus, ReplyError
-from services.common.schemas import ClaimReply, ClaimRequest, PreferredReply, PreferredRequest
+from services.common.schemas import (
+    ClaimReply,
+    ClaimRequest,
+    MigPrepareReply,
+    MigPrepareRequest,
+    PreferredReply,
+    PreferredRequest,
+)
 
 from .engine import ClaimError, PlacementEngine
 
@@ -16,6 +23,11 @@ CLAIMS = Counter(
 HINTS = Counter(
     "vgpu_allocator_preferred_total",
     "Preferred-allocation requests by whether the allocator had a hint",
+    ["outcome"],
+)
+MIG_PLACEMENTS = Counter(
+    "vgpu_allocator_mig_placements_total",
+    "Dynamic MIG placements asked by node agents in Allocate, by outcome",
     ["outcome"],
 )
 
@@ -33,6 +45,27 @@ class ClaimHandlers:
             PreferredRequest,
             self.preferred,
             queue=subjects.ALLOCATOR_QUEUE,
+        )
+        await bus.serve(
+            subjects.ALLOC_MIG, MigPrepareRequest, self.mig, queue=subjects.ALLOCATOR_QUEUE
+        )
+
+    async def mig(self, request: MigPrepareRequest) -> MigPrepareReply:
+        try:
+            allocation, container, piece = self._engine.mig_placement(
+                request.node, request.gpu_uuid, request.key
+            )
+        except ClaimError as exc:
+            MIG_PLACEMENTS.labels(outcome="none").inc()
+            raise ReplyError(str(exc)) from exc
+        MIG_PLACEMENTS.labels(outcome="placed").inc()
+        return MigPrepareReply(
+            profile=piece.mig_profile,
+            start=piece.mig_start,
+            pod_uid=allocation.uid,
+            namespace=allocation.namespace,
+            pod=allocation.name,
+            container=container,
         )
 
     async def claim(self, request: ClaimRequest) -> ClaimReply:

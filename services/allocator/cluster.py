@@ -25,6 +25,8 @@ import msgspec
 from services.common.schemas import GpuDevice, NodeInventory
 from services.common.sharing import VGPU
 
+from .mig_fit import live_mask, mig_capacity
+
 FULL_COMPUTE = 100
 _NO_GPU = GpuDevice(uuid="", index=-1, model="", memory_mib=0)  # states nothing
 
@@ -35,15 +37,24 @@ class Charge(NamedTuple):
     memory_mib: int = 0
     cores: int = 0
     slots: int = 0
+    # Dynamic MIG: memory slices held by MIG instances (mig_fit.py); disjoint between pods,
+    # so they add and subtract like the other figures.
+    mig_mask: int = 0
 
     def __add__(self, other: Charge) -> Charge:  # type: ignore[override]
         return Charge(
-            self.memory_mib + other.memory_mib, self.cores + other.cores, self.slots + other.slots
+            self.memory_mib + other.memory_mib,
+            self.cores + other.cores,
+            self.slots + other.slots,
+            self.mig_mask + other.mig_mask,
         )
 
     def __sub__(self, other: Charge) -> Charge:
         return Charge(
-            self.memory_mib - other.memory_mib, self.cores - other.cores, self.slots - other.slots
+            self.memory_mib - other.memory_mib,
+            self.cores - other.cores,
+            self.slots - other.slots,
+            self.mig_mask - other.mig_mask,
         )
 
 
@@ -55,6 +66,7 @@ class GpuState:
     slots: int  # task slots (split count)
     used: Charge = field(default_factory=Charge)
     compute: int = FULL_COMPUTE  # compute shares may sum to this: 100 x the cores scaling
+    mig_live_mask: int = 0  # dynamic MIG: memory slices its existing GIs hold (inventory)
 
     @property
     def uuid(self) -> str:
@@ -66,7 +78,8 @@ class GpuState:
 
     @property
     def healthy(self) -> bool:
-        return self.device.healthy and not self.device.mig_mode
+        # vgpu slices a GPU in MIG mode only by dynamic MIG (MIG instances made on demand).
+        return self.device.healthy and (not self.device.mig_mode or self.device.mig_dynamic)
 
     @property
     def sharing_mode(self) -> str:
@@ -148,6 +161,7 @@ class NodeState:
                     g.compute,
                     g.device.numa_node,
                     g.device.sharing_mode,
+                    g.device.mig_dynamic,
                 )
                 for g in self.gpus
             ),
@@ -172,6 +186,7 @@ class NodeState:
                     g.device.numa_node,
                     tuple(sorted(positions[p] for p in g.device.nvlink_peers if p in positions)),
                     g.device.sharing_mode,
+                    g.device.mig_dynamic and (g.device.model, g.used.mig_mask | g.mig_live_mask),
                 )
                 for g in self.gpus
             )
@@ -373,6 +388,15 @@ class ClusterState:
             self.gpus_by_model[model] = self.gpus_by_model.get(model, 0) + sign
 
     def _gpu_state(self, gpu: GpuDevice, capacity: GpuCapacity) -> GpuState:
+        if gpu.mig_dynamic:  # MIG carves the card in hardware: no reserve, no oversubscription
+            whole = mig_capacity(gpu.model) or gpu.memory_mib  # the full-GPU profile
+            return GpuState(
+                device=gpu,
+                base_memory_mib=whole,
+                memory_mib=whole,
+                slots=capacity.slots,
+                mig_live_mask=live_mask(gpu.mig_devices),
+            )
         base = max(0, gpu.memory_mib - self.capacity.memory_reserve_mib)
         return GpuState(
             device=gpu,

@@ -627,6 +627,43 @@ class PlacementEngine:
                     return list(container.slices)
         return []
 
+    def mig_placement(
+        self, node: str, gpu_uuid: str, key: str
+    ) -> tuple[PodAllocation, str, GpuSlice]:
+        """The MIG instance the container of directory `key` should get on dynamic-MIG GPU
+        `gpu_uuid`: the one already given to `key` (a retried Allocate), else that of the
+        oldest bound, unclaimed container with a MIG slice there not yet served, which is
+        then marked served for `key`. ClaimError when no container waits for one."""
+        waiting: tuple[PodAllocation, str, GpuSlice] | None = None
+        for allocation in self.ledger.on_node(node):
+            for name, container in allocation.containers.items():
+                for piece in container.slices:
+                    if piece.uuid != gpu_uuid or not piece.mig_profile:
+                        continue
+                    served = self.ledger.mig_key(allocation.uid, name, gpu_uuid)
+                    if served == key:
+                        return allocation, name, piece
+                    if served is None and not container.claimed and waiting is None:
+                        waiting = (allocation, name, piece)
+        if waiting is None:
+            raise ClaimError(
+                f"no pod bound to node {node!r} waits for a MIG instance on GPU {gpu_uuid}"
+            )
+        allocation, name, piece = waiting
+        self.ledger.mark_mig(allocation.uid, name, gpu_uuid, key)
+        log.info(
+            "MIG placement handed to the node agent",
+            extra={
+                "pod": f"{allocation.namespace}/{allocation.name}",
+                "container": name,
+                "node": node,
+                "gpu": gpu_uuid,
+                "profile": piece.mig_profile,
+                "start": piece.mig_start,
+            },
+        )
+        return waiting
+
     # -- release / rebuild / views --------------------------------------------------------
 
     async def release(self, uid: str, reason: str = "pod gone") -> PodAllocation | None:

@@ -31,6 +31,8 @@ class _Entry:
     memory_mib: int = 0
     hinted: set[str] = field(default_factory=set)
     pod_request: PodRequest | None = None  # selection and policies: to re-place containers
+    # Dynamic MIG: (container, GPU uuid) -> the agent's container key its instance was made for.
+    mig_served: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
 def derived_request(allocation: PodAllocation, container: str) -> ContainerRequest | None:
@@ -169,6 +171,13 @@ class Ledger:
         entry = self._pods.get(uid)
         if entry is not None:
             entry.hinted.discard(container)
+
+    def mark_mig(self, uid: str, container: str, gpu_uuid: str, key: str) -> None:
+        self._pods[uid].mig_served[(container, gpu_uuid)] = key
+
+    def mig_key(self, uid: str, container: str, gpu_uuid: str) -> str | None:
+        entry = self._pods.get(uid)
+        return None if entry is None else entry.mig_served.get((container, gpu_uuid))
 
     def is_hinted(self, uid: str, container: str) -> bool:
         entry = self._pods.get(uid)

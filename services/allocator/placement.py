@@ -17,10 +17,14 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import msgspec
+
+from services.common import mig
 from services.common.resources import GPU, GPU_CORES, GPU_MEMORY, GPU_MEMORY_PERCENT
 from services.common.schemas import ContainerAllocation, ContainerRequest, GpuSlice
 from services.common.sharing import TIME_SLICING, VGPU
 
+from . import mig_fit
 from .cluster import FULL_COMPUTE, Charge, GpuState, NodeState
 from .modes import memory_needed, refusal, slice_need
 from .pod_request import NUMA_BIND, PodRequest
@@ -81,7 +85,13 @@ def slice_charge(request: ContainerRequest, gpu: GpuState) -> Charge:
 
 
 def _max(a: Charge, b: Charge) -> Charge:
-    return Charge(max(a.memory_mib, b.memory_mib), max(a.cores, b.cores), max(a.slots, b.slots))
+    # Init containers never hold MIG instances (_Placer._mig_fit): the masks do not meet.
+    return Charge(
+        max(a.memory_mib, b.memory_mib),
+        max(a.cores, b.cores),
+        max(a.slots, b.slots),
+        a.mig_mask | b.mig_mask,
+    )
 
 
 def pod_charges(containers: Mapping[str, ContainerAllocation]) -> dict[str, Charge]:
@@ -90,7 +100,7 @@ def pod_charges(containers: Mapping[str, ContainerAllocation]) -> dict[str, Char
     init: dict[str, Charge] = {}
     for container in containers.values():
         for piece in container.slices:
-            charge = Charge(piece.memory_mib, piece.cores, 1)
+            charge = Charge(piece.memory_mib, piece.cores, 1, mig_fit.slice_mask(piece))
             if container.init:
                 init[piece.uuid] = _max(init.get(piece.uuid, Charge()), charge)
             else:
@@ -138,6 +148,8 @@ class _Placer:
         """The extra charge of one more slice of `request` on `gpu`, or None if it won't fit.
 
         Plain integers on purpose: this runs for every GPU of every node a new shape meets."""
+        if gpu.device.mig_dynamic:
+            return self._add_mig(request, gpu)
         if gpu.device.sharing_mode == VGPU:
             need = memory_needed(request, gpu)
             cores = request.cores
@@ -148,23 +160,54 @@ class _Placer:
                 return None
             need, cores = by_mode
         uuid = gpu.uuid
-        am, ac, an = self.app.get(uuid) or _ZERO
-        im, ic, inn = self.init.get(uuid) or _ZERO
+        am, ac, an, _ = self.app.get(uuid) or _ZERO
+        im, ic, inn, _ = self.init.get(uuid) or _ZERO
         if request.init:
             im, ic, inn = max(im, need), max(ic, cores), max(inn, 1)
         else:
             am, ac, an = am + need, ac + cores, an + 1
         tm, tc, tn = max(am, im), max(ac, ic), max(an, inn)
-        um, uc, un = _ZERO if self.empty else gpu.used
+        um, uc, un, _ = _ZERO if self.empty else gpu.used
         if um + tm > gpu.memory_mib or uc + tc > gpu.compute or un + tn > gpu.slots:
             return None
-        em, ec, en = self.trial.extra.get(uuid) or _ZERO
+        em, ec, en, _ = self.trial.extra.get(uuid) or _ZERO
         return Charge(tm - em, tc - ec, tn - en)
+
+    def _mig_fit(
+        self, request: ContainerRequest, gpu: GpuState
+    ) -> tuple[Charge, mig.GiProfile, int] | None:
+        """Dynamic MIG: the charge of the smallest MIG instance holding the request, at the
+        start that leaves the most room (mig_fit.py), or None. Not for init containers: the
+        kubelet hands their devices on to the app containers, which a MIG instance made for
+        one container cannot follow."""
+        if request.init:
+            return None
+        held = self.app.get(gpu.uuid) or _ZERO
+        used = _ZERO if self.empty else gpu.used
+        if used.slots + held.slots + 1 > gpu.slots:
+            return None
+        occupied = held.mig_mask | (0 if self.empty else used.mig_mask | gpu.mig_live_mask)
+        found = mig_fit.fit(gpu.device.model, memory_needed(request, gpu), occupied)
+        if found is None:
+            return None
+        profile, start = found
+        charge = Charge(
+            profile.memory_mib,
+            mig_fit.mig_cores(profile),
+            1,
+            mig_fit.mask_of(start, profile.memory_slices),
+        )
+        return charge, profile, start
+
+    def _add_mig(self, request: ContainerRequest, gpu: GpuState) -> Charge | None:
+        found = self._mig_fit(request, gpu)
+        return None if found is None else found[0]
 
     def _record(self, request: ContainerRequest, gpus: Sequence[GpuState]) -> list[GpuSlice]:
         slices = []
         for gpu in gpus:
-            need = slice_charge(request, gpu)
+            mig_found = self._mig_fit(request, gpu) if gpu.device.mig_dynamic else None
+            need = slice_charge(request, gpu) if mig_found is None else mig_found[0]
             uuid = gpu.uuid
             if request.init:
                 self.init[uuid] = _max(self.init.get(uuid, Charge()), need)
@@ -174,9 +217,14 @@ class _Placer:
             self.trial.extra[uuid] = _max(
                 self.app.get(uuid, Charge()), self.init.get(uuid, Charge())
             )
-            slices.append(
-                GpuSlice(uuid=uuid, index=gpu.index, memory_mib=need.memory_mib, cores=need.cores)
+            piece = GpuSlice(
+                uuid=uuid, index=gpu.index, memory_mib=need.memory_mib, cores=need.cores
             )
+            if mig_found is not None:
+                piece = msgspec.structs.replace(
+                    piece, mig_profile=mig_found[1].name, mig_start=mig_found[2]
+                )
+            slices.append(piece)
         return slices
 
     def _choose(
@@ -310,6 +358,12 @@ def slices_on(request: ContainerRequest, gpus: Sequence[GpuState]) -> list[GpuSl
     for gpu in gpus:
         if not gpu.healthy:
             raise NoFit(request, f"cannot use GPU {gpu.uuid}: it is unhealthy")
+        if gpu.device.mig_dynamic:
+            raise NoFit(
+                request,
+                f"cannot move onto GPU {gpu.uuid}: dynamic MIG GPUs take only the instances "
+                "the allocator planned",
+            )
     slices = []
     for gpu in gpus:
         charge = slice_charge(request, gpu)
@@ -332,7 +386,11 @@ def overbooked(
         if gpu is None:
             full.append(uuid)
             continue
-        used = gpu.used - before.get(uuid, Charge()) + after.get(uuid, Charge())
-        if not _within(gpu, used):
+        was, will = before.get(uuid, Charge()), after.get(uuid, Charge())
+        used = gpu.used - was + will
+        # Newly taken MIG slices must be free of others' instances and of live ones.
+        new_slices = will.mig_mask & ~was.mig_mask
+        taken = (gpu.used.mig_mask - was.mig_mask) | gpu.mig_live_mask
+        if not _within(gpu, used) or new_slices & taken:
             full.append(uuid)
     return sorted(full)

@@ -91,8 +91,8 @@ def _fullness(trial: Trial, gpus: Sequence[GpuState], adds: Sequence[Charge]) ->
     """How full the GPUs would be after adding (memory and compute share, averaged)."""
     total = 0.0
     for gpu, add in zip(gpus, adds, strict=True):
-        um, uc, _ = _ZERO if trial.empty else gpu.used
-        em, ec, _ = trial.extra.get(gpu.uuid) or _ZERO
+        um, uc, _, _ = _ZERO if trial.empty else gpu.used
+        em, ec, _, _ = trial.extra.get(gpu.uuid) or _ZERO
         memory = (um + em + add[0]) / gpu.memory_mib if gpu.memory_mib else 1.0
         total += (memory + (uc + ec + add[1]) / gpu.compute) / 2
     return total / len(gpus) if gpus else 0.0

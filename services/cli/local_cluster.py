@@ -29,6 +29,7 @@ from services.allocator.settings import AllocatorSettings
 from services.cli.local_api import LocalApiServer
 from services.cli.local_pki import CLIENT_NAME, LocalPki, make_local_pki
 from services.cli.local_tls import self_signed
+from services.cli.mig_layout import mig_layout
 from services.cli.state import UpGpu, UpState
 from services.cli.supervisor import Backoff, supervise
 from services.common.embedded_nats import EmbeddedNats
@@ -101,6 +102,9 @@ class LocalClusterSpec:
     # does with deploy/k8s (off: pods reach the scheduler exactly as written).
     admission_webhook: bool = True
     hook_library: str = str(HOOK_BUILD)
+    # MIG on every node (mig_layout.py): half the MIG GPUs partitioned and advertised under
+    # NVIDIA's mixed names, half left to dynamic MIG.
+    mig: bool = False
 
 
 class KubeletFollower:
@@ -144,6 +148,7 @@ class LocalCluster:
     def __init__(self, spec: LocalClusterSpec) -> None:
         if spec.nodes < 1:
             raise ValueError(f"a local cluster needs at least one node, got {spec.nodes}")
+        self._mig = mig_layout(spec.simulate) if spec.mig else None  # refuses GPUs without MIG
         self.spec = spec
         self.nats: EmbeddedNats | None = None
         self.nats_url = spec.nats_url
@@ -249,6 +254,16 @@ class LocalCluster:
             directory.mkdir(parents=True)
         self.sim_state_dir(name).mkdir()
         os.chmod(self.sim_state_dir(name), 0o1777)  # container processes run as any user
+        mig = self._mig
+        mig_settings = (
+            {}
+            if mig is None
+            else {
+                "simulate_mig": mig.geometry,
+                "mig_dynamic": mig.dynamic,
+                "mig_strategy": mig.strategy,
+            }
+        )
         kubelet = KubeletSimulator(
             KubeletSimSettings(
                 node_name=name,
@@ -277,6 +292,7 @@ class LocalCluster:
                 # No GPU here: the MPS control daemons are the simulated control program.
                 mps_root=str(root / "mps"),
                 mps_control=SIMULATED_MPS_CONTROL,
+                **mig_settings,
             )
         )
         await agent.start()

@@ -93,6 +93,10 @@ def main() -> None:
     "--mode", type=click.Choice(["vgpu", "time-slicing", "mps", "exclusive"]), default="vgpu",
     show_default=True, help="How the nodes share their GPUs (docs/modes.md).",
 )  # fmt: skip
+@click.option(
+    "--mig", is_flag=True,
+    help="MIG: half the GPUs partitioned (nvidia.com/mig-<profile>), half dynamic MIG.",
+)  # fmt: skip
 def up(
     nats_url: str,
     nodes: int,
@@ -107,6 +111,7 @@ def up(
     store_dir: Path | None,
     fresh: bool,
     mode: str,
+    mig: bool,
 ) -> None:
     """Run the whole system on this machine with simulated GPUs until Ctrl-C.
 
@@ -130,7 +135,7 @@ def up(
     spec = LocalClusterSpec(
         nodes=nodes, simulate=simulate, nats_url=nats_url, allocator_port=allocator_port,
         metrics_port=metrics_port, nats_store_dir=store, fresh=fresh, mode=mode,
-        extender_port=extender_port, tls_dir=str(path.with_name(f"{path.stem}-tls")),
+        extender_port=extender_port, tls_dir=str(path.with_name(f"{path.stem}-tls")), mig=mig,
     )  # fmt: skip
 
     async def run() -> None:

@@ -166,6 +166,10 @@ class GpuSlice(msgspec.Struct, frozen=True, kw_only=True):
     index: int
     memory_mib: int
     cores: int
+    # Dynamic MIG: the slice is a MIG instance of this GI profile at this start memory slice,
+    # which the node agent creates before Allocate answers; "" = a plain vgpu slice.
+    mig_profile: str = ""
+    mig_start: int = -1
 
 
 class ContainerAllocation(msgspec.Struct, kw_only=True):
@@ -233,6 +237,25 @@ class PreferredReply(msgspec.Struct, kw_only=True):
     # The hinted container's slices on those GPUs (same order): what an MPS client's share
     # is set from at Allocate, which names no pod.
     slices: list[GpuSlice] = []
+
+
+class MigPrepareRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """Node agent -> allocator, in Allocate: which MIG instance should the container of
+    directory `key` get on dynamic-MIG GPU `gpu_uuid`?"""
+
+    node: str
+    gpu_uuid: str
+    key: str  # the container directory key (hash of its device IDs): retries get one answer
+
+
+class MigPrepareReply(msgspec.Struct, kw_only=True):
+    error: str = ""
+    profile: str = ""  # GI profile, e.g. "1g.5gb"
+    start: int = -1  # start memory slice
+    pod_uid: str = ""
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
 
 
 class ErrorReply(msgspec.Struct, kw_only=True):

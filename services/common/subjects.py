@@ -31,6 +31,8 @@ ALLOC_PREFERRED = f"{PREFIX}.alloc.preferred"
 # Allocator replica -> its peers: "did your filter pass this pod for this node?" (bind on a
 # replica other than the one that filtered); answered only by a replica that did.
 ALLOC_FILTER_PASS = f"{PREFIX}.alloc.filter-pass"
+# Node agent -> allocator, in Allocate: the MIG placement awaiting on a dynamic-MIG GPU.
+ALLOC_MIG = f"{PREFIX}.alloc.mig"
 
 # Queue group that the allocator's replicas share for request/reply subjects.
 ALLOCATOR_QUEUE = "vgpu-allocator"

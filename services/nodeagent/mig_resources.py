@@ -21,6 +21,7 @@ import msgspec
 from services.common import mig
 from services.common.schemas import GpuDevice, MigDevice
 
+
 class MigStrategyError(ValueError):
     pass
 

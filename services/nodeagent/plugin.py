@@ -14,6 +14,7 @@ from services.common.kubelet import deviceplugin_v1beta1_pb2 as pb
 from services.common.kubelet import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from services.common.tracing import context_from_traceparent, tracer
 from services.nodeagent.catalog import DeviceCatalog
+from services.nodeagent.dynamic_mig import DynamicMig, DynamicMigError
 from services.nodeagent.grant import ContainerGrant, GrantIssuer
 from services.nodeagent.preferred import PreferenceAdvisor, spread_pick
 from services.nodeagent.resolver import AllocateCall, AllocationResolver
@@ -88,10 +89,12 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         issuer: GrantIssuer,
         resolver: AllocationResolver,
         resolve_unhooked: bool = True,
+        dynamic_mig: DynamicMig | None = None,
     ) -> None:
         # Containers on time-slicing/mps/exclusive GPUs of a resource the allocator does not
         # book (a renamed one, e.g. nvidia.com/gpu.shared) have no decision to claim.
         self._resolve_unhooked = resolve_unhooked
+        self._dynamic_mig = dynamic_mig
         self._node = node_name
         self._catalog = catalog
         self._advisor = advisor
@@ -158,6 +161,15 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 await context.abort(
                     grpc.StatusCode.INTERNAL, f"cannot prepare container directory: {exc}"
                 )
+            dynamic = self._dynamic_mig
+            if dynamic is not None and dynamic.serves(grants[-1]):
+                try:  # the MIG instances exist before the container is told their UUIDs
+                    grants[-1] = await dynamic.prepare(grants[-1])
+                except DynamicMigError as exc:
+                    ALLOCATE_CALLS.labels(node=self._node, outcome="mig_refused").inc()
+                    await context.abort(
+                        grpc.StatusCode.FAILED_PRECONDITION, f"container request {position}: {exc}"
+                    )
         response = pb.AllocateResponse(container_responses=[container_response(g) for g in grants])
         ended = time.time_ns()
         caller = _traceparent(context)

@@ -15,7 +15,7 @@ import grpc
 
 from services.common import subjects
 from services.common.bus import Bus
-from services.common.schemas import GpuDevice, GpuUsage
+from services.common.schemas import AllocationEvent, GpuDevice, GpuUsage
 from services.common.tracing import setup_tracing
 from services.nodeagent import limits_file
 from services.nodeagent.address import node_address
@@ -25,8 +25,9 @@ from services.nodeagent.container_files import config_dir
 from services.nodeagent.containers import ContainerRecords, ResolvedContainer
 from services.nodeagent.context_overhead import container_overhead, parse_overheads
 from services.nodeagent.device_watch import DeviceWatcher
+from services.nodeagent.dynamic_mig import DynamicMig, enable_mig_mode
 from services.nodeagent.gpus import GpuBackend, GpuProcess, NvmlInitError, backend_for
-from services.nodeagent.gpus.backend import LoadSink
+from services.nodeagent.gpus.backend import LoadSink, MigControl
 from services.nodeagent.gpus.none import NoGpuBackend
 from services.nodeagent.grant import (
     ContainerGrant,
@@ -211,6 +212,20 @@ class NodeAgent:
             marked = marks.apply(gpus)
             return mark_dynamic(marked, dynamic) if s.mig_dynamic else marked
 
+        if s.mig_dynamic:
+            if not isinstance(backend, MigControl):
+                raise ValueError(
+                    "mig_dynamic needs a GPU backend that creates MIG instances; this one "
+                    f"({type(backend).__name__}) does not"
+                )
+            enabled = await asyncio.to_thread(
+                lambda: enable_mig_mode(backend, mark_dynamic(backend.devices(), dynamic))
+            )
+            if enabled:
+                log.info(
+                    "MIG mode enabled for dynamic MIG",
+                    extra={"node": s.node_name, "gpus": enabled},
+                )
         first = await asyncio.to_thread(lambda: view(backend.devices()))
         if not first and not self.idle_reason:
             # As 4paradigm's plugin: no GPU is an init error (exit, so the DaemonSet's pod
@@ -283,7 +298,25 @@ class NodeAgent:
 
         records = ContainerRecords(Path(s.state_dir))
 
+        dynamic_mig: DynamicMig | None = None
+        if s.mig_dynamic and isinstance(backend, MigControl):
+            dynamic_mig = DynamicMig(
+                node_name=s.node_name,
+                backend=backend,
+                bus=bus,
+                gpus=lambda: catalog.gpus,
+                on_change=self.refresh_devices,
+            )
+
+            async def pod_released(event: AllocationEvent) -> None:
+                if event.kind == "released" and dynamic_mig is not None:
+                    await dynamic_mig.release_pod(event.allocation.uid)
+
+            await bus.subscribe(subjects.alloc_events(s.node_name), AllocationEvent, pod_released)
+
         async def container_gone(key: str) -> None:
+            if dynamic_mig is not None:
+                await dynamic_mig.release_key(key)
             await relay.close(key)
             verifier.forget(key)
             records.drop(key)
@@ -400,6 +433,7 @@ class NodeAgent:
             resolver=resolver,
             # The allocator books only resource_name; a renamed resource is kube-scheduler's.
             resolve_unhooked=self.resource_name == s.resource_name,
+            dynamic_mig=dynamic_mig,
         )
         plugin_server = DevicePluginServer(
             servicer,

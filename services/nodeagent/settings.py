@@ -17,6 +17,7 @@ from services.nodeagent.container_files import (
 from services.nodeagent.context_overhead import parse_overheads
 from services.nodeagent.grant import ID_STRATEGIES, parse_strategies
 from services.nodeagent.health import DEFAULT_IGNORED_XIDS, parse_xids
+from services.nodeagent.mig_resources import parse_dynamic
 from services.nodeagent.modes import (
     EXCLUSIVE,
     MAX_MPS_CLIENTS,
@@ -32,7 +33,6 @@ from services.nodeagent.nvidia_config import (
     load_nvidia_config,
     settings_values,
 )
-from services.nodeagent.mig_resources import parse_dynamic
 from services.nodeagent.resource_config import ResourceRule, gpu_rule, parse_resource_config
 
 MIG_STRATEGIES = ("none", "single", "mixed")
