@@ -161,7 +161,8 @@ class ContainerRequest(msgspec.Struct, frozen=True, kw_only=True):
     equal_share: bool = False
 
 
-class GpuSlice(msgspec.Struct, frozen=True, kw_only=True):
+class GpuSlice(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    # omit_defaults: a plain vgpu slice encodes as before (journal, annotations, events).
     uuid: str
     index: int
     memory_mib: int

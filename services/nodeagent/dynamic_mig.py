@@ -11,7 +11,9 @@ the same container (same device IDs, same key) gets the same instance back.
 
 The instances go when the allocator releases the pod (its `released` event) or when the
 container's directory is removed (the janitor's backstop); a refused destroy (processes still
-on it) is retried at the next of those.
+on it) is retried at the next of those. Which instance is whose is kept in the agent's state
+directory (`dynamic-mig.json`, never mounted into a container), so a restarted agent still
+destroys what it made; a recorded instance that no longer exists is forgotten.
 """
 
 from __future__ import annotations
@@ -21,13 +23,15 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from pathlib import Path
 
+import msgspec
 from prometheus_client import Counter, Histogram
 
 from services.common import subjects
 from services.common.bus import Bus, BusError
 from services.common.schemas import GpuDevice, MigPrepareReply, MigPrepareRequest
+from services.nodeagent.files import atomic_write_bytes
 from services.nodeagent.gpus.backend import MigControl
 from services.nodeagent.grant import CDI_ANNOTATION_PREFIX, VISIBLE_DEVICES_ENV, ContainerGrant
 
@@ -49,8 +53,10 @@ class DynamicMigError(Exception):
     """Allocate cannot be served on a dynamic-MIG GPU; the message says why."""
 
 
-@dataclass(frozen=True)
-class MigInstance:
+RECORD_FILE = "dynamic-mig.json"
+
+
+class MigInstance(msgspec.Struct, frozen=True, kw_only=True):
     gpu_uuid: str
     gi_id: int
     ci_id: int
@@ -70,7 +76,9 @@ class DynamicMig:
         gpus: Callable[[], list[GpuDevice]],
         on_change: Callable[[], Awaitable[object]],
         timeout_s: float = 5.0,
+        state_dir: Path | None = None,
     ) -> None:
+        self._record = None if state_dir is None else state_dir / RECORD_FILE
         self._node = node_name
         self._backend = backend
         self._bus = bus
@@ -82,6 +90,50 @@ class DynamicMig:
 
     def instances(self) -> dict[str, list[MigInstance]]:
         return {key: list(made) for key, made in self._instances.items()}
+
+    def restore(self) -> int:
+        """Take back the record of an earlier run: instances that still exist (how many)."""
+        if self._record is None or not self._record.exists():
+            return 0
+        try:
+            recorded = msgspec.json.decode(
+                self._record.read_bytes(), type=dict[str, list[MigInstance]]
+            )
+        except (OSError, msgspec.DecodeError) as exc:
+            log.error(
+                "unreadable dynamic MIG record; its instances are left as they are",
+                extra={"node": self._node, "path": str(self._record), "error": str(exc)},
+            )
+            return 0
+        live: dict[str, set[str]] = {}
+        for key, made in recorded.items():
+            kept = []
+            for instance in made:
+                if instance.gpu_uuid not in live:
+                    try:
+                        devices = self._backend.mig_devices(instance.gpu_uuid)
+                    except ValueError:
+                        devices = []
+                    live[instance.gpu_uuid] = {d.uuid for d in devices}
+                if instance.mig_uuid in live[instance.gpu_uuid]:
+                    kept.append(instance)
+            if kept:
+                self._instances[key] = kept
+        count = sum(len(made) for made in self._instances.values())
+        log.info("dynamic MIG instances restored", extra={"node": self._node, "instances": count})
+        return count
+
+    def _save(self) -> None:
+        if self._record is None:
+            return
+        try:
+            self._record.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(self._record, msgspec.json.encode(self._instances), mode=0o600)
+        except OSError as exc:  # serving matters more than the record: say so and go on
+            log.error(
+                "cannot record dynamic MIG instances",
+                extra={"node": self._node, "path": str(self._record), "error": str(exc)},
+            )
 
     def serves(self, grant: ContainerGrant) -> bool:
         dynamic = {gpu.uuid for gpu in self._gpus() if gpu.mig_dynamic}
@@ -95,6 +147,7 @@ class DynamicMig:
             if made is None:
                 made = await self._create_all(grant)
                 self._instances[grant.key] = made
+                self._save()
         if made:
             MIG_CREATE_SECONDS.labels(node=self._node).observe(time.monotonic() - started)
             await self._on_change()  # ListAndWatch and the inventory show the new geometry
@@ -216,6 +269,7 @@ class DynamicMig:
                     self._instances[key] = kept
                 else:
                     del self._instances[key]
+                self._save()
         if changed:
             await self._on_change()
 

@@ -119,3 +119,42 @@ def mig_resources(
             if listed is not None:
                 listed.append(MigEntry(device, gpu))
     return found
+
+
+MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
+
+
+def mig_labels(gpus: list[GpuDevice], strategy: str) -> dict[str, str]:
+    """GPU Feature Discovery's MIG labels, on nodes with a GPU in MIG mode: the strategy;
+    under mixed, per advertised profile `nvidia.com/mig-<profile>.count`, `.memory` (MiB)
+    and `.multiprocessors`; under single, the product `<model>-MIG-<profile>` with the MIG
+    devices' count and memory (`<model>-MIG-INVALID` and count 0 when the rules break)."""
+    if not any(gpu.mig_mode for gpu in gpus):
+        return {}
+    labels = {MIG_STRATEGY_LABEL: strategy}
+    if strategy == "single":
+        model = gpus[0].model
+        try:
+            entries = mig_resources(gpus, strategy, "nvidia.com/gpu")["nvidia.com/gpu"]
+        except MigStrategyError:
+            labels.update(
+                {"nvidia.com/gpu.product": f"{model}-MIG-INVALID", "nvidia.com/gpu.count": "0"}
+            )
+            return labels
+        first = entries[0].device
+        labels.update(
+            {
+                "nvidia.com/gpu.product": f"{model}-MIG-{first.profile}",
+                "nvidia.com/gpu.count": str(len(entries)),
+                "nvidia.com/gpu.memory": str(first.memory_mib),
+            }
+        )
+    elif strategy == "mixed":
+        for resource, entries in mig_resources(gpus, strategy, "nvidia.com/gpu").items():
+            if not entries:
+                continue
+            device = entries[0].device
+            labels[f"{resource}.count"] = str(len(entries))
+            labels[f"{resource}.memory"] = str(device.memory_mib)
+            labels[f"{resource}.multiprocessors"] = str(device.sm_count)
+    return labels

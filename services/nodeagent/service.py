@@ -46,6 +46,7 @@ from services.nodeagent.mig_resources import (
     MigEntry,
     MigStrategyError,
     mark_dynamic,
+    mig_labels,
     mig_resources,
     parse_dynamic,
     slice_served,
@@ -306,7 +307,9 @@ class NodeAgent:
                 bus=bus,
                 gpus=lambda: catalog.gpus,
                 on_change=self.refresh_devices,
+                state_dir=Path(s.state_dir),
             )
+            await asyncio.to_thread(dynamic_mig.restore)
 
             async def pod_released(event: AllocationEvent) -> None:
                 if event.kind == "released" and dynamic_mig is not None:
@@ -649,6 +652,7 @@ class NodeAgent:
         if labels and mode != VGPU:  # GFD's values: time-slicing, mps, none
             labels[SHARING] = mode if mode in (TIME_SLICING, MPS) else "none"
             labels[REPLICAS] = "1" if mode == EXCLUSIVE else str(gpus[0].replicas)
+        labels.update(mig_labels(gpus, self._settings.mig_strategy))
         try:
             await self._labeler.apply(labels)
         except Exception as exc:  # labels are a convenience: never stop serving for them

@@ -6,6 +6,7 @@ import msgspec
 import pytest
 
 from services.allocator import Allocator, LocalClusterBackend
+from services.allocator.cluster import Charge
 from services.common import subjects
 from services.common.bus import Bus, BusError
 from services.common.schemas import (
@@ -230,8 +231,8 @@ async def test_swapped_admission_on_a_full_node_both_claims_succeed(
     assert _gpus_of(allocator, first, "a") == ["GPU-n1-1"]
     assert _gpus_of(allocator, second, "a") == ["GPU-n1-0"]
     assert allocator.ledger.reserved("n1") == {
-        "GPU-n1-0": (30000, 0, 1),
-        "GPU-n1-1": (30000, 0, 1),
+        "GPU-n1-0": Charge(30000, 0, 1),
+        "GPU-n1-1": Charge(30000, 0, 1),
     }
 
 

@@ -11,8 +11,17 @@ from services.allocator.backend import LocalClusterBackend
 from services.allocator.service import Allocator
 from services.common.embedded_nats import EmbeddedNats
 from services.nodeagent.gpus.simulated import SimulatedGpuBackend
+from services.nodeagent.service import NodeAgent
+from services.simulators.kubelet import KubeletSimulator
 from services.simulators.scheduler import SchedulerSimulator
-from tests.nodeagent.harness import NODE, NodeDirs, running_node, wait_until
+from tests.nodeagent.harness import (
+    NODE,
+    NodeDirs,
+    agent_settings,
+    kubelet_settings,
+    running_node,
+    wait_until,
+)
 
 
 def memory_pod(name: str, memory_mib: int) -> dict[str, Any]:
@@ -109,3 +118,50 @@ async def test_allocate_without_a_waiting_placement_fails_admission(
         sim = agent.gpu_backend
         assert isinstance(sim, SimulatedGpuBackend)
         assert sim.mig_devices(agent.gpus[0].uuid) == []
+
+
+async def test_a_restarted_agent_still_destroys_what_it_made(
+    nats_server: EmbeddedNats, allocator: Allocator, dirs: NodeDirs
+) -> None:
+    kubelet = KubeletSimulator(kubelet_settings(dirs))
+    await kubelet.start()
+    settings = agent_settings(nats_server.url, dirs, simulate="1xA100-40GB", mig_dynamic="all")
+    sim = SimulatedGpuBackend(NODE, "1xA100-40GB")  # the GPUs outlive the agent
+    agent = NodeAgent(settings, gpu_backend=sim)
+    try:
+        await agent.start()
+        await agent.wait_registered(10)
+        await kubelet.wait_for_resource("nvidia.com/gpu", timeout=10)
+        gpu = agent.gpus[0]
+        await wait_until(
+            lambda: (allocator.inventory.gpus(NODE) or [None])[0] == gpu,
+            what="the allocator knows the dynamic-MIG GPU",
+        )
+        backend = allocator.backend
+        assert isinstance(backend, LocalClusterBackend)
+        spec = memory_pod("kept", 9000)
+        backend.add_pod(spec)
+        scheduler = SchedulerSimulator(allocator.url + "/scheduler")
+        try:
+            assert (await scheduler.schedule(spec, [NODE])).node == NODE
+        finally:
+            await scheduler.close()
+        assert (await kubelet.admit(spec)).error == ""
+        (made,) = sim.mig_devices(gpu.uuid)
+        assert made.profile == "1g.10gb"
+        await agent.stop()
+        assert (dirs.state_dir / "dynamic-mig.json").read_bytes().count(made.uuid.encode()) == 1
+
+        agent = NodeAgent(settings, gpu_backend=sim)
+        await agent.start()
+        await agent.wait_registered(10)
+        assert sim.mig_devices(gpu.uuid) == [made]  # a restart destroys nothing by itself
+        assert await allocator.engine.release("uid-kept") is not None
+        await wait_until(
+            lambda: sim.mig_devices(gpu.uuid) == [],
+            timeout_s=10,
+            what="the instance made before the restart destroyed on release",
+        )
+    finally:
+        await agent.stop()
+        await kubelet.stop()

@@ -15,6 +15,7 @@ from services.common.embedded_nats import EmbeddedNats
 from services.common.kubelet import deviceplugin_v1beta1_pb2 as pb
 from services.common.kubelet import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from services.nodeagent.gpus.simulated import SimulatedGpuBackend
+from services.nodeagent.labels import MemoryNodeLabeler
 from services.nodeagent.mig_plugin import distributed_pick, mig_socket_name
 from services.nodeagent.mig_resources import MigStrategyError
 from services.nodeagent.service import NodeAgent
@@ -101,6 +102,13 @@ async def test_mixed_strategy_registers_nvidias_names_and_hands_out_mig_uuids(
         }
         ones = {m.uuid for m in gpus[1].mig_devices}
         assert set(kubelet.devices("nvidia.com/mig-1g.5gb")) == ones
+        labeler = agent.labeler
+        assert isinstance(labeler, MemoryNodeLabeler)
+        assert labeler.labels["nvidia.com/mig.strategy"] == "mixed"
+        assert labeler.labels["nvidia.com/mig-1g.5gb.count"] == "7"
+        assert labeler.labels["nvidia.com/mig-2g.10gb.memory"] == "9856"
+        assert labeler.labels["nvidia.com/mig-3g.20gb.multiprocessors"] == str(108 * 3 // 7)
+        assert "nvidia.com/mig-7g.40gb.count" not in labeler.labels
 
         admitted = await kubelet.admit(mig_pod("two-small", "nvidia.com/mig-1g.5gb", 2))
         assert admitted.error == ""
@@ -176,10 +184,14 @@ async def test_single_strategy_serves_mig_devices_as_nvidia_com_gpu(
         simulate_mig="all:7x1g.5gb",
         mig_strategy="single",
         device_list_strategy="cdi-cri",
-    ) as (kubelet, _agent):
+    ) as (kubelet, agent):
         assert set(kubelet.resources()) == {"nvidia.com/gpu"}
         devices = kubelet.devices("nvidia.com/gpu")
         assert len(devices) == 14 and all(d.startswith("MIG-") for d in devices)
+        labeler = agent.labeler
+        assert isinstance(labeler, MemoryNodeLabeler)
+        assert labeler.labels["nvidia.com/gpu.product"] == "A100-40GB-MIG-1g.5gb"
+        assert labeler.labels["nvidia.com/gpu.count"] == "14"
         admitted = await kubelet.admit(mig_pod("one", "nvidia.com/gpu", 1))
         assert admitted.error == ""
         (container,) = admitted.containers
