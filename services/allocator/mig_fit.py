@@ -14,6 +14,7 @@ as the profile's memory, one task slot per instance.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 from services.common import mig
@@ -62,9 +63,11 @@ def mig_cores(profile: mig.GiProfile) -> int:
     return profile.slices * CORES_PER_SLICE
 
 
+@functools.lru_cache(maxsize=65536)
 def fit(model: str, memory_mib: int, occupied: int) -> tuple[mig.GiProfile, int] | None:
     """The smallest profile of `model` holding `memory_mib` with a start free of `occupied`,
-    and that start (the one leaving the most room); None when nothing fits."""
+    and that start (the one leaving the most room); None when nothing fits. Memoised: the
+    placer asks it for every dynamic GPU of every node a pod meets, and 8-bit masks repeat."""
     return mig.smallest_fitting(model, memory_mib, placed_of(occupied))
 
 
