@@ -300,10 +300,12 @@ class LocalCluster:
         self.agents[name] = agent
 
     async def _wait_ready(self, timeout_s: float) -> None:
-        """Ready = every kubelet sees our resource and the allocator knows every node."""
+        """Ready = every kubelet sees our resources (MIG ones too) and the allocator knows
+        every node."""
         async with asyncio.timeout(timeout_s):
-            for kubelet in self.kubelets.values():
-                await kubelet.wait_for_resource(RESOURCE, timeout_s)
+            for name, kubelet in self.kubelets.items():
+                for resource in self.agents[name].resources or [RESOURCE]:
+                    await kubelet.wait_for_resource(resource, timeout_s)
             assert self.allocator is not None
             # The allocator offers no event for this; a short poll at start-up is enough.
             while len(self.allocator.inventory.nodes()) < len(self.agents):  # noqa: ASYNC110

@@ -24,6 +24,11 @@ from tests.nodeagent.harness import (
 )
 
 
+def known_dynamic(allocator: Allocator, gpu_uuid: str) -> bool:
+    """The allocator holds the node's inventory with this GPU marked for dynamic MIG."""
+    return any(g.uuid == gpu_uuid and g.mig_dynamic for g in allocator.inventory.gpus(NODE) or ())
+
+
 def memory_pod(name: str, memory_mib: int) -> dict[str, Any]:
     limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": str(memory_mib)}
     return {
@@ -31,7 +36,8 @@ def memory_pod(name: str, memory_mib: int) -> dict[str, Any]:
         "kind": "Pod",
         "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
         "spec": {
-            "containers": [{"name": "main", "image": "cuda", "resources": {"limits": limits}}]
+            "schedulerName": "vgpu-scheduler",
+            "containers": [{"name": "main", "image": "cuda", "resources": {"limits": limits}}],
         },
     }
 
@@ -52,7 +58,7 @@ async def test_memory_requests_get_mig_instances_made_and_destroyed(
         gpu = agent.gpus[0]
         assert gpu.mig_mode and gpu.mig_dynamic and gpu.mig_devices == []  # MIG on at start
         await wait_until(
-            lambda: (allocator.inventory.gpus(NODE) or [None])[0] == gpu,
+            lambda: known_dynamic(allocator, gpu.uuid),
             what="the allocator knows the dynamic-MIG GPU",
         )
         backend = allocator.backend
@@ -134,7 +140,7 @@ async def test_a_restarted_agent_still_destroys_what_it_made(
         await kubelet.wait_for_resource("nvidia.com/gpu", timeout=10)
         gpu = agent.gpus[0]
         await wait_until(
-            lambda: (allocator.inventory.gpus(NODE) or [None])[0] == gpu,
+            lambda: known_dynamic(allocator, gpu.uuid),
             what="the allocator knows the dynamic-MIG GPU",
         )
         backend = allocator.backend
