@@ -50,7 +50,9 @@ async def test_memory_requests_get_mig_instances_made_and_destroyed(
         dirs,
         simulate="1xA100-40GB",
         mig_dynamic="all",
-        container_dir_grace_s=0.0,
+        # Long enough for the kubelet to list a container after its Allocate (the grace's
+        # purpose), short enough for the test.
+        container_dir_grace_s=3.0,
         cleanup_interval_s=0.2,
     ) as (kubelet, agent):
         sim = agent.gpu_backend
@@ -101,7 +103,7 @@ async def test_memory_requests_get_mig_instances_made_and_destroyed(
         assert kubelet.remove("default", "mid")
         await wait_until(
             lambda: sim.mig_devices(gpu.uuid) == [],
-            timeout_s=10,
+            timeout_s=20,
             what="the 3g.20gb instance destroyed by the janitor",
         )
         await wait_until(
