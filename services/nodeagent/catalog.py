@@ -62,7 +62,6 @@ class DeviceCatalog:
         return [
             AdvertisedDevice(make_device_id(gpu.uuid, replica), gpu)
             for gpu in self._gpus
-            for gpu in self._gpus
             if self._advertise(gpu)
             for replica in range(gpu.replicas or self._split_count)
         ]
