@@ -3,6 +3,9 @@ libcuda.so.1, a PTX kernel the driver compiles): no framework or toolkit needed.
 
   spill_workload.py hold <MiB>           allocate MiB in 256 MiB chunks, print "held=<MiB>",
                                           keep it until stdin closes
+  spill_workload.py touch <MiB>          allocate one MiB buffer, print "allocated managed=<0|1>",
+                                          wait for a line on stdin, run the kernel over it once,
+                                          print "touched", keep it until stdin closes
   spill_workload.py bench <MiB> <iters>  allocate one MiB buffer (cuMemAlloc_v2), run a kernel
                                           that reads and writes every word of it iters times,
                                           print "result=<rc> managed=<0|1> gbps=<GB/s>"
@@ -141,8 +144,23 @@ def bench(mib: int, iterations: int) -> None:
     print(f"result=0 managed={int(cuda.managed(ptr))} gbps={gbps:.2f}")
 
 
+def touch_later(mib: int) -> None:
+    cuda = Cuda()
+    rc, ptr = cuda.alloc(mib * MIB)
+    if rc != 0:
+        raise SystemExit(f"cuMemAlloc_v2 failed: {rc}")
+    print(f"allocated managed={int(cuda.managed(ptr))}", flush=True)
+    sys.stdin.readline()
+    cuda.touch(cuda.kernel(), ptr, mib * MIB // 4)
+    cuda.sync()
+    print("touched", flush=True)
+    sys.stdin.read()
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "hold":
         hold(int(sys.argv[2]))
+    elif sys.argv[1] == "touch":
+        touch_later(int(sys.argv[2]))
     else:
         bench(int(sys.argv[2]), int(sys.argv[3]))

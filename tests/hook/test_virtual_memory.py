@@ -8,6 +8,7 @@ program allocates within its slice."""
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from services.nodeagent.relay_protocol import Usage
 from tests.hook.harness import (
     SIM_MIB,
     holding,
+    hook_env,
     limits_text,
     run,
     summary,
@@ -149,3 +151,36 @@ def test_the_gpu_benchmarks_workload_spills_on_the_simulated_driver(
     assert spilled.returncode == 0, spilled.stderr
     assert summary(spilled)["result"] == 0 and summary(spilled)["managed"] == 1
     assert summary(refused)["result"] == 2  # CUDA_ERROR_OUT_OF_MEMORY, from the driver
+
+
+def test_spilled_memory_pages_back_onto_the_card_when_it_has_room(
+    build: Path, tmp_path: Path
+) -> None:
+    """The simulated driver's paging: a buffer spilled while the card was full moves onto the
+    card at the next kernel once the neighbour has gone, as a device-preferring managed
+    buffer does on hardware."""
+    gpu, container = tmp_path / "gpu", tmp_path / "c"
+    container.mkdir()
+    write_limits(container, virtual_limits(SLICE_MIB))
+    env = hook_env(container, gpu, VGPU_HOOK_QUIET="1", **HOST)
+    with card_filled(tmp_path, gpu):
+        proc = subprocess.Popen(
+            [sys.executable, str(WORKLOAD), "touch", "16384"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None and proc.stdin is not None
+        first = proc.stdout.readline()
+        assert first.strip() == "allocated managed=1", first + (proc.stderr.read() or "")
+        assert nvml_used(gpu, container)[proc.pid] == CARD_FREE_MIB  # the rest is on the host
+    try:
+        # The neighbour is gone: the next kernel pages the buffer in.
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "touched"
+        assert nvml_used(gpu, container)[proc.pid] == 16384
+    finally:
+        proc.communicate(timeout=30)
