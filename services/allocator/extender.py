@@ -20,6 +20,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
 
 from services.common.http_server import bounded_app
+from services.common.kube_auth import AuthError, Gate, granted, refused
 from services.common.quantity import QuantityError
 from services.common.rate_log import RateLimitedLog
 from services.common.resources import RequestError
@@ -219,9 +220,12 @@ def build_app(
     endpoints: bool = True,
     middlewares: tuple[Any, ...] = (),
     max_body_bytes: int = MAX_BODY_BYTES,
+    gate: Gate | None = None,
 ) -> web.Application:
     """The scheduler verbs (``verbs``) and health, metrics and allocations (``endpoints``):
-    one application, or two when the verbs are served apart over mutual TLS."""
+    one application, or two when the verbs are served apart over mutual TLS. /healthz,
+    /readyz and /livez are open; with a `gate`, /metrics and /allocations need a bearer
+    token and a SubjectAccessReview (services/common/kube_auth.py)."""
 
     async def filter_verb(body: bytes) -> VerbResult:
         args = await _parse_args(body)
@@ -277,13 +281,44 @@ def build_app(
         ok, details = (ready or health)()
         return _json({"status": "ok" if ok else "not ready", **details}, 200 if ok else 503)
 
-    async def metrics(_: web.Request) -> web.Response:
+    async def livez(_: web.Request) -> web.Response:
+        return _json({"status": "ok"})  # the event loop answers: what liveness asks
+
+    async def metrics(request: web.Request) -> web.Response:
+        if gate is not None:
+            try:
+                await gate.require_path(request)
+            except AuthError as exc:
+                return refused(gate, request, exc)
+            granted(gate)
         return web.Response(
             body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
 
-    async def allocations(_: web.Request) -> web.Response:
-        return _json(engine.allocations())
+    async def allocations(request: web.Request) -> web.Response:
+        """Every decision, or (with a gate) those of the namespaces the caller may list;
+        ``?namespace=X`` narrows to one namespace (403 if the caller may not list it)."""
+        everything = engine.allocations()
+        wanted = request.query.get("namespace", "")
+        if wanted:
+            everything = [a for a in everything if a.namespace == wanted]
+        if gate is None:
+            return _json(everything)
+        try:
+            scope = await gate.read_scope(request)
+            if wanted:
+                await scope.require_namespace(wanted)
+                visible = {wanted}
+            else:
+                visible = await scope.namespaces({a.namespace for a in everything})
+                if not visible and not scope.cluster_wide:
+                    raise AuthError(403, f'user "{scope.caller.username}" may list pods '
+                                         "neither cluster-wide nor in any namespace that "
+                                         "holds GPU pods")  # fmt: skip
+        except AuthError as exc:
+            return refused(gate, request, exc)
+        granted(gate)
+        return _json([a for a in everything if a.namespace in visible])
 
     app = bounded_app("extender", max_body_bytes, error_key="Error", middlewares=middlewares)
     if verbs:
@@ -297,6 +332,7 @@ def build_app(
     if endpoints:
         app.router.add_get("/healthz", healthz)
         app.router.add_get("/readyz", readyz)
+        app.router.add_get("/livez", livez)
         app.router.add_get("/metrics", metrics)
         app.router.add_get("/allocations", allocations)
     return app

@@ -23,6 +23,7 @@ from prometheus_client import Counter, Gauge
 from services.common import subjects
 from services.common.bus import Bus
 from services.common.http_server import serve
+from services.common.kube_auth import Gate, close_gate, gate_from
 from services.common.mutual_tls import identity_middleware, serve_mutual_tls
 from services.common.schemas import NodeInventory, PendingPod, PendingReason
 
@@ -127,6 +128,7 @@ class Allocator:
         self._unbound: UnboundPodHandler | None = None  # pending pods, per the API server
         self._announced: OrderedDict[str, PodRef] = OrderedDict()  # published as pending
         self._deferred: OrderedDict[str, tuple[PendingPod, str]] = OrderedDict()
+        self.gate: Gate | None = None
 
     def _make_backend(self) -> ClusterBackend:
         if self.settings.cluster == "kubernetes":
@@ -213,6 +215,12 @@ class Allocator:
         over mutual TLS, or (no extender_port) on http_port without authentication."""
         settings = self.settings
         apart = settings.extender_port >= 0
+        self.gate = gate_from(
+            settings.read_auth, "allocator",
+            api_url=settings.auth_api_url or settings.kube_api_url,
+            kubeconfig=settings.kubeconfig, ttl_s=settings.auth_cache_ttl_s,
+            cache_size=settings.auth_cache_size,
+        )  # fmt: skip
         self._runner, self._port = await serve(
             build_app(
                 self.engine,
@@ -221,6 +229,7 @@ class Allocator:
                 self._on_filtered,
                 verbs=not apart,
                 max_body_bytes=settings.max_body_bytes,
+                gate=self.gate,
             ),
             settings.http_host,
             settings.http_port,
@@ -331,6 +340,8 @@ class Allocator:
         self._runner = self._extender_runner = None
         self._port = self._extender_port = None
         await self.journal.close()
+        gate, self.gate = self.gate, None
+        await close_gate(gate)
         bus, self._bus = self._bus, None
         if bus is not None:
             self.engine.set_event_sink(None)

@@ -94,6 +94,15 @@ class AllocatorSettings(msgspec.Struct, kw_only=True, frozen=True):
     release_unbound_after_s: Seconds = 60.0
     reconcile_interval_s: Seconds = 5.0
 
+    # Who may read /allocations and /metrics: "kubernetes" checks every caller's bearer token
+    # with the API server (TokenReview, then SubjectAccessReview: list pods in a namespace or
+    # cluster-wide; get /metrics) and shows only the namespaces it may list; "none" answers
+    # anyone who reaches the port. docs/security.md.
+    read_auth: Literal["none", "kubernetes"] = "none"
+    auth_api_url: str = ""  # the API server asked; "" = kube_api_url, kubeconfig, in-cluster
+    auth_cache_ttl_s: Annotated[float, msgspec.Meta(gt=0, le=300)] = 10.0
+    auth_cache_size: Annotated[int, msgspec.Meta(ge=1)] = 4096
+
     # Mutating admission webhook over HTTPS; -1 = off, 0 = any free port.
     webhook_port: Annotated[int, msgspec.Meta(ge=-1, le=65535)] = -1
     webhook_host: str = "0.0.0.0"

@@ -4,6 +4,7 @@ Thin on purpose: every answer is a view from `views.py` encoded as JSON.
 
     GET /metrics                        Prometheus exposition
     GET /healthz                        {"ok", "nats_connected", "nodes", "pods"}
+    GET /livez                          200 while the event loop answers (liveness probes)
     GET /api/v1/picture                 ClusterView
     GET /api/v1/pods/{namespace}/{name} PodView (404 naming the pod if unknown)
     GET /api/v1/pending                 [PendingView]
@@ -11,6 +12,12 @@ Thin on purpose: every answer is a view from `views.py` encoded as JSON.
                                         batches and a `bus` frame whenever NATS goes or
                                         comes back ({"connected", "nats_down_since", ...})
     GET /                               the dashboard (static files under /static/)
+    POST /login, /logout                the dashboard's token cookie (with a gate only)
+
+With a `Gate` (setting ``read_auth: kubernetes``) every route but the health ones, the login
+and the static files asks for a bearer token (header, or the dashboard's cookie): ``/metrics``
+needs ``get`` on the path ``/metrics``; the rest show only the namespaces whose pods the
+caller may list (services/common/kube_auth.py, docs/security.md).
 """
 
 from __future__ import annotations
@@ -29,9 +36,11 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from services.common.http_server import bounded_app
+from services.common.kube_auth import AuthError, Gate, Scope, granted, refused
 from services.common.tracing import context_from_headers, tracer
+from services.metrics.login import login_routes
 from services.metrics.stream import ChangeStream, frame
-from services.metrics.views import ClusterView, find_pod
+from services.metrics.views import ClusterView, find_pod, namespaces_in, visible_view
 
 STATIC = Path(str(resources.files("services.metrics") / "static"))
 KEEPALIVE_S = 15.0
@@ -67,7 +76,9 @@ class MetricsHttp:
         nats_connected: Callable[[], bool],
         bus_details: Callable[[], dict[str, Any]] = dict,
         max_body_bytes: int = 64 * 1024,
+        gate: Gate | None = None,
     ) -> None:
+        self._gate = gate
         self._view = view
         self._stream = stream
         self._registry = registry
@@ -81,6 +92,7 @@ class MetricsHttp:
             [
                 web.get("/metrics", self._metrics),
                 web.get("/healthz", self._healthz),
+                web.get("/livez", self._livez),
                 web.get("/api/v1/picture", self._picture),
                 web.get("/api/v1/pods/{namespace}/{name}", self._pod),
                 web.get("/api/v1/pending", self._pending),
@@ -89,13 +101,50 @@ class MetricsHttp:
                 web.static("/static", STATIC, append_version=False),
             ]
         )
+        if self._gate is not None:
+            app.add_routes(login_routes(self._gate))
         return app
 
     def bus_status(self) -> dict[str, Any]:
         """What the dashboard's badge shows: connected, or down since when (Unix time)."""
         return {"connected": self._nats_connected(), **self._bus_details()}
 
+    async def _scope(self, request: web.Request) -> Scope | None:
+        """The caller's scope (None: no gate, everything is shown); raises AuthError."""
+        if self._gate is None:
+            return None
+        return await self._gate.read_scope(request, cookie=True)
+
+    async def _visible(self, request: web.Request) -> ClusterView:
+        """The picture as the caller may see it; raises AuthError (403 if it sees nothing)."""
+        view = self._view()
+        scope = await self._scope(request)
+        if scope is None or scope.cluster_wide:
+            return view
+        namespaces = await scope.namespaces(namespaces_in(view))
+        if not namespaces:
+            user = scope.caller.username
+            raise AuthError(403, f'user "{user}" may list pods neither cluster-wide nor in '
+                                 "any namespace that holds GPU pods")  # fmt: skip
+        return visible_view(view, namespaces)
+
+    def _refused(self, request: web.Request, error: AuthError) -> web.Response:
+        return refused(self._gate, request, error)
+
+    def _granted(self) -> None:
+        if self._gate is not None:
+            granted(self._gate)
+
+    async def _livez(self, request: web.Request) -> web.Response:
+        return _json({"ok": True})
+
     async def _metrics(self, request: web.Request) -> web.Response:
+        if self._gate is not None:
+            try:
+                await self._gate.require_path(request)
+            except AuthError as exc:
+                return self._refused(request, exc)
+            self._granted()
         # Our picture plus the process-wide counters (bus errors, rejected events).
         body = generate_latest(self._registry) + generate_latest(REGISTRY)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -108,23 +157,52 @@ class MetricsHttp:
                      status=200 if connected else 503)  # fmt: skip
 
     async def _picture(self, request: web.Request) -> web.Response:
-        return _json(self._view())
+        try:
+            view = await self._visible(request)
+        except AuthError as exc:
+            return self._refused(request, exc)
+        self._granted()
+        return _json(view)
 
     async def _pod(self, request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
+        try:
+            scope = await self._scope(request)
+            if scope is not None:
+                await scope.require_namespace(namespace)
+        except AuthError as exc:
+            return self._refused(request, exc)
+        self._granted()
         pod = find_pod(self._view(), namespace, name)
         if pod is None:
             return _json({"error": f"no GPU pod {namespace}/{name} is known"}, status=404)
         return _json(pod)
 
     async def _pending(self, request: web.Request) -> web.Response:
-        return _json(self._view().pending)
+        try:
+            view = await self._visible(request)
+        except AuthError as exc:
+            return self._refused(request, exc)
+        self._granted()
+        return _json(view.pending)
 
-    async def _index(self, request: web.Request) -> web.FileResponse:
+    async def _index(self, request: web.Request) -> web.StreamResponse:
+        if self._gate is not None:
+            try:
+                await self._gate.caller_of(request, cookie=True)
+            except AuthError as exc:
+                if exc.status != 401:
+                    return self._refused(request, exc)
+                raise web.HTTPSeeOther("/login") from exc
         return web.FileResponse(STATIC / "index.html",
                                 headers={"Cache-Control": "no-cache"})  # fmt: skip
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
+        try:
+            first = await self._visible(request)
+        except AuthError as exc:
+            return self._refused(request, exc)
+        self._granted()
         response = web.StreamResponse(headers={
             "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
             "X-Accel-Buffering": "no",
@@ -134,7 +212,7 @@ class MetricsHttp:
         client = self._stream.subscribe()
         try:
             await response.write(b"retry: 2000\n\n")
-            await response.write(frame("snapshot", _encoder.encode(self._view())))
+            await response.write(frame("snapshot", _encoder.encode(first)))
             await response.write(frame("bus", _encoder.encode(self.bus_status())))
             while True:
                 try:
@@ -144,7 +222,11 @@ class MetricsHttp:
                     continue
                 if item is None:
                     break
-                await response.write(item)
+                await response.write(await self._for_caller(request, item))
+        except AuthError as exc:  # the token or the rights went away while it watched
+            with contextlib.suppress(ConnectionError):
+                await response.write(frame("denied", _encoder.encode({"error": exc.reason})))
+            self._refused(request, exc)
         except (ConnectionResetError, ConnectionError):
             pass  # the browser went away
         finally:
@@ -152,3 +234,12 @@ class MetricsHttp:
         with contextlib.suppress(ConnectionError):
             await response.write_eof()
         return response
+
+    async def _for_caller(self, request: web.Request, item: bytes) -> bytes:
+        """A change batch as this client may see it. The token and rights are checked again
+        on every batch (cached): a revoked token ends the stream within the cache's TTL.
+        A namespaced caller gets a fresh filtered snapshot instead of the shared batch."""
+        scope = await self._scope(request)
+        if scope is None or scope.cluster_wide or not item.startswith(b"event: change"):
+            return item  # the bus badge names no pod
+        return frame("snapshot", _encoder.encode(await self._visible(request)))

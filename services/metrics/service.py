@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter
 from services.common import subjects
 from services.common.bus import Bus
 from services.common.http_server import serve
+from services.common.kube_auth import Gate, close_gate, gate_from
 from services.common.schemas import (
     AllocationEvent,
     ContainerUsage,
@@ -78,6 +79,7 @@ class MetricsService:
         self._bus_shown: bool | None = None  # connected, as the stream clients last heard
         self._seq = 0
         self._port = 0
+        self.gate: Gate | None = None
 
     @property
     def url(self) -> str:
@@ -110,10 +112,16 @@ class MetricsService:
                             self._apply("pending", self.picture.on_pending))  # fmt: skip
         await bus.client.flush()  # the server holds every subscription before we say we started
         nats_url = self.settings.nats_url
+        settings = self.settings
+        self.gate = gate_from(settings.read_auth, "metrics", api_url=settings.auth_api_url,
+                              kubeconfig=settings.auth_kubeconfig,
+                              ttl_s=settings.auth_cache_ttl_s,
+                              cache_size=settings.auth_cache_size)  # fmt: skip
         http = MetricsHttp(
             self.view, self.stream, self._registry, lambda: bus.client.is_connected,
             lambda: {"nats_url": nats_url, "nats_down_since": bus.down_since},
             self.settings.max_body_bytes,
+            gate=self.gate,
         )  # fmt: skip
         self._runner, self._port = await serve(
             http.app(), self.settings.http_host, self.settings.http_port, shutdown_timeout=2.0
@@ -136,6 +144,8 @@ class MetricsService:
         if self._bus is not None:
             await self._bus.close()
             self._bus = None
+        gate, self.gate = self.gate, None
+        await close_gate(gate)
 
     def _apply(self, kind: str, apply: Callable[[M], None]) -> Callable[[M], Awaitable[None]]:
         """A bus handler: apply the event, count it; a senseless event is counted, not fatal."""

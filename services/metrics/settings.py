@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 import msgspec
 
 
@@ -17,5 +19,14 @@ class MetricsSettings(msgspec.Struct, kw_only=True):
     hami_legacy_metrics: bool = True  # and HAMi's older names (HostGPUMemoryUsage, ...)
     # It takes no request bodies (every route is a GET): anything past this is refused 413.
     max_body_bytes: int = 64 * 1024
+    # Who may read: "kubernetes" checks every caller's bearer token with the API server
+    # (TokenReview, then SubjectAccessReview: list pods in a namespace or cluster-wide; get
+    # /metrics) and shows only the namespaces it may list; "none" shows everything to anyone
+    # who reaches the port (only behind another guard). docs/security.md.
+    read_auth: Literal["none", "kubernetes"] = "none"
+    auth_api_url: str = ""  # the API server asked; "" = auth_kubeconfig, else in-cluster
+    auth_kubeconfig: str = ""
+    auth_cache_ttl_s: Annotated[float, msgspec.Meta(gt=0, le=300)] = 10.0
+    auth_cache_size: Annotated[int, msgspec.Meta(ge=1)] = 4096
     otlp_endpoint: str = ""
     log_level: str = "info"

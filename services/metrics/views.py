@@ -389,3 +389,46 @@ def change_view(picture: ClusterPicture, seq: int, nodes: set[str], pods: set[st
 
 def find_pod(view: ClusterView, namespace: str, name: str) -> PodView | None:
     return next((p for p in view.pods if p.namespace == namespace and p.name == name), None)
+
+
+def namespaces_in(view: ClusterView | ChangeView) -> set[str]:
+    """Every namespace a view names (pods, pending pods, slices)."""
+    found = {pod.namespace for pod in view.pods}
+    found.update(p.namespace for p in view.pending or ())
+    found.update(s.namespace for node in view.nodes for gpu in node.gpus for s in gpu.slices)
+    return found
+
+
+def visible_view(view: ClusterView, namespaces: set[str]) -> ClusterView:
+    """What a caller who may list pods only in `namespaces` sees (docs/security.md, "Who sees
+    what"): its own pods, pending pods and slices, and only the GPUs that hold one of its
+    slices. A shown GPU keeps its whole-card figures (allocated, used, stranded), as
+    `nvidia-smi` in the caller's own container shows them; other tenants' names never appear.
+    The totals are over what is shown; the allocated and used figures are the caller's own."""
+    nodes = []
+    for node in view.nodes:
+        gpus = []
+        for gpu in node.gpus:
+            mine = [s for s in gpu.slices if s.namespace in namespaces]
+            if mine:
+                gpus.append(msgspec.structs.replace(gpu, slices=mine))
+        if gpus:
+            nodes.append(msgspec.structs.replace(node, gpus=gpus))
+    pods = [p for p in view.pods if p.namespace in namespaces]
+    pending = [p for p in view.pending if p.namespace in namespaces]
+    totals = Totals(nodes=len(nodes), pods=len(pods), pending_pods=len(pending))
+    for node in nodes:
+        totals.nodes_up += node.state == "up"
+        for gpu in node.gpus:
+            totals.gpus += 1
+            totals.gpus_healthy += gpu.healthy
+            totals.memory_mib += gpu.memory_mib
+            totals.cores += 100
+            totals.slices += len(gpu.slices)
+            totals.memory_allocated_mib += sum(s.memory_mib for s in gpu.slices)
+            totals.cores_allocated += sum(s.cores for s in gpu.slices)
+            totals.memory_used_mib += sum(s.memory_used_mib or 0 for s in gpu.slices)
+            totals.stranded_memory_mib += gpu.stranded_memory_mib
+            if gpu.healthy and node.state == "up":
+                totals.free_memory_mib += max(0, gpu.memory_mib - gpu.memory_allocated_mib)
+    return msgspec.structs.replace(view, nodes=nodes, pods=pods, pending=pending, totals=totals)

@@ -5,7 +5,8 @@ semantics (every write bumps one counter; a list returns it; a watch from N repl
 changes after N, or answers 410 Gone when N is older than what it keeps), patch (JSON merge,
 strategic merge treated as JSON merge, and JSON patch), delete, the ``binding`` subresource
 (refusing a pod already bound or a UID mismatch with 409), ``status`` updates; Events create
-and list; Nodes get, list and watch. Errors are ``v1.Status`` objects, as the real server sends.
+and list; Nodes get, list and watch; TokenReview and SubjectAccessReview, answered from
+`users` (kube_users.py). Errors are ``v1.Status`` objects, as the real server sends.
 
 List and watch take a ``fieldSelector`` as the real server does for the fields it indexes
 (pods: metadata.name, metadata.namespace, spec.nodeName, spec.schedulerName, status.phase;
@@ -38,6 +39,7 @@ from aiohttp import web
 from services.common.http_server import serve
 from services.simulators.admission import AdmissionRefused, MutatingAdmission
 from services.simulators.json_patch import json_patch
+from services.simulators.kube_users import Users, review_routes
 
 KEEP_CHANGES = 1000  # changes kept for watches to resume from
 SELECTABLE = {
@@ -143,6 +145,9 @@ class FakeApiServer:
         self._changes: deque[Change] = deque(maxlen=keep_changes)
         self._last: dict[tuple[str, str], dict[str, Any]] = {}  # the latest copy per object
         self._changed = asyncio.Condition()
+        # Who is who for TokenReview and SubjectAccessReview (none by default: every token
+        # is refused); tests replace or edit it.
+        self.users = Users()
 
     @property
     def url(self) -> str:
@@ -167,6 +172,7 @@ class FakeApiServer:
                 web.get("/api/v1/watch/nodes", self._watch_nodes),
                 web.get("/api/v1/watch/pods", self._watch_pods),
                 web.get("/api/v1/nodes/{name}", self._get_node),
+                *review_routes(lambda: self.users),
             ]
         )
         self._runner, self._port = await serve(app, self._host, self._port)

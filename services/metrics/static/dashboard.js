@@ -370,9 +370,33 @@ function connect() {
   const source = new EventSource("/api/v1/events");
   source.addEventListener("open", showLive);
   source.addEventListener("bus", (event) => applyBus(JSON.parse(event.data)));
-  source.addEventListener("error", () => setStatus("reconnecting…", "reconnecting"));
+  source.addEventListener("error", () => {
+    if (source.readyState === EventSource.CLOSED) explainRefusal();
+    else setStatus("reconnecting…", "reconnecting");
+  });
+  source.addEventListener("denied", (event) => {
+    source.close();
+    setStatus(JSON.parse(event.data).error, "reconnecting");
+  });
   source.addEventListener("snapshot", (event) => applySnapshot(JSON.parse(event.data)));
   source.addEventListener("change", (event) => applyChange(JSON.parse(event.data)));
+}
+
+// The stream was refused (401, 403, 503): say why, sign in again on 401, retry later.
+async function explainRefusal() {
+  let reason = "disconnected";
+  try {
+    const response = await fetch("/api/v1/pending", {credentials: "same-origin"});
+    if (response.status === 401) {
+      window.location.assign("/login");
+      return;
+    }
+    if (!response.ok) reason = (await response.json()).error || response.statusText;
+  } catch (error) {
+    reason = "the metrics service is unreachable";
+  }
+  setStatus(reason, "reconnecting");
+  setTimeout(connect, 10000);
 }
 
 window.addEventListener("hashchange", queueRender);
