@@ -5,6 +5,11 @@ and compute and the pods on it, cluster totals, and the pods still waiting with 
 reasons; `-d` adds one line per slice (asked, limit, used), `-o json` prints the picture as
 the metrics service serves it. The URL comes from --metrics-url (or VGPU_METRICS_URL), else
 from the state file a running `vgpu up` wrote.
+
+The metrics service shows a caller only the namespaces whose pods it may list, so the
+command sends a bearer token: --token (or VGPU_TOKEN); else, with the URL from `vgpu up`'s
+state file, that file's admin token; else the token of the current kubeconfig context (as
+kubectl would send it, exec plugins included), if there is one.
 """
 
 from __future__ import annotations
@@ -31,22 +36,62 @@ class InspectError(click.ClickException):
 
 
 def resolve_metrics_url(explicit: str | None, state_file: Path | None) -> str:
+    return resolve_target(explicit, state_file, None, None)[0]
+
+
+def resolve_target(explicit: str | None, state_file: Path | None, token: str | None,
+                   kubeconfig: str | None) -> tuple[str, str]:  # fmt: skip
+    """(metrics URL, bearer token or "")."""
     if explicit:
-        return explicit.rstrip("/")
+        return explicit.rstrip("/"), token or kubeconfig_token(kubeconfig)
     try:
-        return read_state(state_file or default_state_file()).metrics_url.rstrip("/")
+        state = read_state(state_file or default_state_file())
     except StateError as exc:
         raise InspectError(f"{exc} (or pass --metrics-url / set VGPU_METRICS_URL)") from exc
+    return state.metrics_url.rstrip("/"), token or state.admin_token
 
 
-def fetch_picture(url: str, timeout_s: float) -> ClusterView:
+def kubeconfig_token(path: str | None) -> str:
+    """The bearer token kubectl would send for the current context ("" if none)."""
+    from kubernetes import client as k8s
+    from kubernetes import config as k8s_config
+
+    configuration = k8s.Configuration()
+    try:
+        k8s_config.load_kube_config(config_file=path, client_configuration=configuration)
+    except Exception as exc:  # no kubeconfig, or one without this context: no token
+        if path:
+            raise InspectError(f"cannot read the kubeconfig {path}: {exc}") from exc
+        return ""
+    keys = configuration.api_key or {}  # the key's name differs between client versions
+    header = str(keys.get("BearerToken") or keys.get("authorization") or "")
+    return header.removeprefix("Bearer ").strip()
+
+
+def _open(target: str, token: str, timeout_s: float) -> bytes:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(target, headers=headers)
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return bytes(response.read())
+
+
+def _refusal(exc: urllib.error.HTTPError) -> str:
+    try:
+        reason = msgspec.json.decode(exc.read()).get("error", "")
+    except (msgspec.DecodeError, AttributeError, OSError):
+        reason = ""
+    hints = {401: " (pass --token, or a kubeconfig whose user has a token)",
+             403: " (the token's user may not list pods there)"}  # fmt: skip
+    return f": {reason}{hints.get(exc.code, '')}" if reason else hints.get(exc.code, "")
+
+
+def fetch_picture(url: str, timeout_s: float, token: str = "") -> ClusterView:
     target = url + PICTURE_PATH
     try:
-        with urllib.request.urlopen(target, timeout=timeout_s) as response:
-            body = response.read()
+        body = _open(target, token, timeout_s)
     except urllib.error.HTTPError as exc:
         raise InspectError(f"the metrics service at {url} answered {exc.code} for "
-                           f"{PICTURE_PATH}") from exc  # fmt: skip
+                           f"{PICTURE_PATH}{_refusal(exc)}") from exc  # fmt: skip
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise InspectError(f"cannot reach the metrics service at {url}: {reason}") from exc
@@ -245,12 +290,28 @@ def render(view: ClusterView, details: bool = False) -> str:
 @click.option("--node", "nodes", multiple=True, help="Only this node (repeatable).")
 @click.option("--metrics-url", envvar="VGPU_METRICS_URL", default=None, help=URL_HELP)
 @click.option("--state-file", type=click.Path(path_type=Path), default=None)
+@click.option(
+    "--token",
+    envvar="VGPU_TOKEN",
+    default=None,
+    help="Bearer token (default: `vgpu up`'s admin token, or the kubeconfig's).",
+)
+@click.option(
+    "--kubeconfig",
+    envvar="KUBECONFIG",
+    default=None,
+    help="Where the token comes from with --metrics-url (default ~/.kube/config).",
+)
 @click.option("--timeout", default=5.0, show_default=True, help="Seconds to wait for an answer.")
 def inspect_command(details: bool, output: str, nodes: tuple[str, ...], metrics_url: str | None,
-                    state_file: Path | None, timeout: float) -> None:  # fmt: skip
-    """Show what every GPU holds: allocated and used memory and compute, pods, pending pods."""
-    url = resolve_metrics_url(metrics_url, state_file)
-    view = only_nodes(fetch_picture(url, timeout), nodes)
+                    state_file: Path | None, token: str | None, kubeconfig: str | None,
+                    timeout: float) -> None:  # fmt: skip
+    """Show what every GPU holds: allocated and used memory and compute, pods, pending pods.
+
+    You see the namespaces whose pods your token may list (all of them with cluster-wide
+    rights)."""
+    url, bearer = resolve_target(metrics_url, state_file, token, kubeconfig)
+    view = only_nodes(fetch_picture(url, timeout, bearer), nodes)
     warning = bus_warning(url, timeout)
     if warning:
         click.echo(f"warning: {warning}", err=True)

@@ -7,6 +7,9 @@ over HTTPS to the allocator's webhook, services/simulators/admission.py), so pee
 rewritten into vgpu's names before anything schedules the pod. A second pod of the same name
 is refused 409 AlreadyExists, and `vgpu delete` removes one (DELETE), which frees its slices
 and its kubelet's devices.
+It also answers TokenReview and SubjectAccessReview from `vgpu up`'s users file
+(local_users.py), so the allocator and the metrics service check tokens here as they do with
+a real API server.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from aiohttp import web
 from services.allocator.backend import AlreadyExists, BackendError, LocalClusterBackend
 from services.common.http_server import serve
 from services.simulators.admission import AdmissionRefused, MutatingAdmission
+from services.simulators.kube_users import UsersFileSource, review_routes
 
 
 def _error(status: int, message: str, reason: str = "", name: str = "") -> web.Response:
@@ -36,9 +40,13 @@ class LocalApiServer:
         backend: LocalClusterBackend,
         host: str = "127.0.0.1",
         admission: MutatingAdmission | None = None,
+        users: UsersFileSource | None = None,
     ) -> None:
         self._backend = backend
-        self._admission = admission
+        # Set once the allocator's webhook serves (it starts after this server, which its
+        # token checks need first).
+        self.admission = admission
+        self._users = users
         self._host = host
         self._runner: web.AppRunner | None = None
         self._port = 0
@@ -57,6 +65,8 @@ class LocalApiServer:
                 web.post("/api/v1/namespaces/{namespace}/pods/{name}/binding", self._bind),
             ]
         )
+        if self._users is not None:
+            app.add_routes(review_routes(self._users.current))
         self._runner, self._port = await serve(app, self._host)
 
     async def stop(self) -> None:
@@ -74,9 +84,9 @@ class LocalApiServer:
         if not isinstance(metadata, dict) or metadata.get("namespace", namespace) != namespace:
             return _error(400, f"the pod must be an object with metadata in namespace {namespace}")
         metadata["namespace"] = namespace
-        if self._admission is not None:
+        if self.admission is not None:
             try:
-                pod = await self._admission.admit(pod, namespace, headers=request.headers)
+                pod = await self.admission.admit(pod, namespace, headers=request.headers)
             except AdmissionRefused as exc:
                 return _error(exc.code, exc.message, exc.reason)
         try:

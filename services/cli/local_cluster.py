@@ -29,6 +29,7 @@ from services.allocator.settings import AllocatorSettings
 from services.cli.local_api import LocalApiServer
 from services.cli.local_pki import CLIENT_NAME, LocalPki, make_local_pki
 from services.cli.local_tls import self_signed
+from services.cli.local_users import admin_token, ensure_users_file
 from services.cli.mig_layout import mig_layout
 from services.cli.state import UpGpu, UpState
 from services.cli.supervisor import Backoff, supervise
@@ -38,6 +39,7 @@ from services.metrics.settings import MetricsSettings
 from services.nodeagent.service import NodeAgent
 from services.nodeagent.settings import NodeAgentSettings
 from services.simulators.admission import MutatingAdmission, MutatingWebhook
+from services.simulators.kube_users import UsersFileSource
 from services.simulators.kubelet import KubeletSimSettings, KubeletSimulator
 
 log = logging.getLogger("vgpu.up")
@@ -105,6 +107,11 @@ class LocalClusterSpec:
     # MIG on every node (mig_layout.py): half the MIG GPUs partitioned and advertised under
     # NVIDIA's mixed names, half left to dynamic MIG.
     mig: bool = False
+    # /allocations, the metrics API, the dashboard and /metrics check bearer tokens with the
+    # local API server, which answers from this users file (made if missing; empty: one in
+    # the work directory, gone at stop). False: those read APIs are open to any local user.
+    read_auth: bool = True
+    users_file: str = ""
 
 
 class KubeletFollower:
@@ -164,6 +171,7 @@ class LocalCluster:
         self._started: list[Service] = []
         self._nats_supervisor: asyncio.Task[None] | None = None
         self._kubelet_follower: asyncio.Task[None] | None = None
+        self.users: UsersFileSource | None = None
 
     async def start(self, ready_timeout_s: float = 10.0) -> None:
         try:
@@ -203,6 +211,14 @@ class LocalCluster:
             "extender_client_ca_file": pki.ca_file,
             "extender_client_allowed": f"CN={CLIENT_NAME}",
         }
+        if spec.read_auth:
+            users_file = Path(spec.users_file or self.work_dir / "users.json")
+            ensure_users_file(users_file)
+            self.users = UsersFileSource(users_file)
+        # First: the allocator and the metrics service check tokens with it.
+        self.api = await self._run(lambda port: LocalApiServer(backend, users=self.users), 0,
+                                   "api")  # fmt: skip
+        auth = {"read_auth": "kubernetes", "auth_api_url": self.api.url} if spec.read_auth else {}
         webhook: dict[str, object] = {}
         if spec.admission_webhook:
             cert = self_signed(self.work_dir / "webhook-tls", "vgpu-allocator.vgpu-system.svc")
@@ -211,23 +227,20 @@ class LocalCluster:
         self.allocator = await self._run(
             lambda port: Allocator(
                 msgspec.convert({"nats_url": nats_url, "http_port": port, **webhook, **extender,
-                                 "extender_port": spec.extender_port if port else 0},
+                                 **auth, "extender_port": spec.extender_port if port else 0},
                                 AllocatorSettings), backend,
             ),
             spec.allocator_port, "allocator",
         )  # fmt: skip
-        admission = None
         if spec.admission_webhook:
             assert self.allocator is not None
             registered = MutatingWebhook.from_configuration(
                 WEBHOOK_CONFIGURATION, self.allocator.webhook_url, str(webhook["tls_cert_file"])
             )
-            admission = MutatingAdmission([registered])
-        self.api = await self._run(
-            lambda port: LocalApiServer(backend, admission=admission), 0, "api"
-        )
+            self.api.admission = MutatingAdmission([registered])
         self.metrics = await self._run(
-            lambda port: MetricsService(MetricsSettings(nats_url=nats_url, http_port=port)),
+            lambda port: MetricsService(MetricsSettings(nats_url=nats_url, http_port=port,
+                                                        **auth)),
             spec.metrics_port, "metrics",
         )  # fmt: skip
         for name in node_names(spec.nodes):
@@ -332,7 +345,16 @@ class LocalCluster:
             driver_dir=str(Path(self.spec.hook_library).parent / "sim"),
             sim_state_dirs={name: str(self.sim_state_dir(name)) for name in self.agents},
             nats_store_dir=self.nats.store_dir if self.nats is not None else "",
+            users_file=str(self.users.path) if self.users is not None else "",
+            admin_token=self.admin_token,
         )
+
+    @property
+    def admin_token(self) -> str:
+        """The cluster-admin's bearer token ("" when the read APIs are open)."""
+        if self.users is None:
+            return ""
+        return admin_token(self.users.current(), self.users.path)
 
     def sim_state_dir(self, node: str) -> Path:
         """Where the simulated devices of `node` keep what every process on them shares."""

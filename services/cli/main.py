@@ -132,10 +132,13 @@ def up(
             "or pass another --state-file"
         )
     store = "" if nats_url else str(store_dir or default_store_dir(path))
+    from services.cli.local_users import default_users_file
+
     spec = LocalClusterSpec(
         nodes=nodes, simulate=simulate, nats_url=nats_url, allocator_port=allocator_port,
         metrics_port=metrics_port, nats_store_dir=store, fresh=fresh, mode=mode,
         extender_port=extender_port, tls_dir=str(path.with_name(f"{path.stem}-tls")), mig=mig,
+        users_file=str(default_users_file(path)),
     )  # fmt: skip
 
     async def run() -> None:
@@ -160,6 +163,10 @@ def up(
                            "as deploy/k8s registers it)")  # fmt: skip
             click.echo(f"metrics    {state.metrics_url}/metrics")
             click.echo(f"dashboard  {state.metrics_url}/  (vgpu inspect for a table)")
+            if state.admin_token:
+                click.echo(f"users      {state.users_file}  (tokens; add tenants here)")
+                click.echo(f"token      {state.admin_token}  (cluster-admin: "
+                           "curl -H 'Authorization: Bearer <token>' ...)")  # fmt: skip
             for node, url in state.kubelets.items():
                 gpus = ", ".join(gpu.uuid for gpu in cluster.agents[node].gpus)
                 click.echo(f"{node:<10} kubelet {url}  GPUs {gpus}")
@@ -177,6 +184,19 @@ def up(
     except (OSError, ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo("stopped")
+
+
+@main.command()
+@click.option("--state-file", type=click.Path(path_type=Path), default=None)
+def token(state_file: Path | None) -> None:
+    """Print the cluster-admin bearer token of the running `vgpu up` (for curl)."""
+    try:
+        state = read_state(state_file or default_state_file())
+    except StateError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if not state.admin_token:
+        raise click.ClickException("this `vgpu up` checks no tokens (its read APIs are open)")
+    click.echo(state.admin_token)
 
 
 @main.command()

@@ -34,6 +34,10 @@ class UpState(msgspec.Struct, kw_only=True):
     driver_dir: str = ""  # the simulated libcuda.so.1 and libnvidia-ml.so.1
     sim_state_dirs: dict[str, str] = {}  # node -> the simulated devices' shared state
     nats_store_dir: str = ""  # the embedded NATS server's JetStream store (kept at Ctrl-C)
+    # Read APIs check bearer tokens with the local API server, from this users file; the
+    # admin's token is what `vgpu inspect` sends ("" = the read APIs are open).
+    users_file: str = ""
+    admin_token: str = ""
 
     def extender_ssl(self) -> ssl.SSLContext | None:
         """The client side of the extender's mutual TLS (None for a plain-HTTP extender)."""

@@ -165,8 +165,9 @@ class KubeReviews:
         self.where = str(api_client.configuration.host)
 
     @classmethod
-    def connect(cls, api_url: str = "", kubeconfig: str = "", timeout_s: float = 5.0,
-                token_file: str = "") -> KubeReviews:  # fmt: skip
+    def connect(
+        cls, api_url: str = "", kubeconfig: str = "", timeout_s: float = 5.0
+    ) -> KubeReviews:
         """`api_url` (tests, `vgpu up`), else `kubeconfig`, else the in-cluster account."""
         from kubernetes import client as k8s
         from kubernetes import config as k8s_config
@@ -179,9 +180,6 @@ class KubeReviews:
                                         client_configuration=configuration)  # fmt: skip
         else:
             k8s_config.load_incluster_config(client_configuration=configuration)
-        if token_file:
-            with open(token_file) as handle:
-                configuration.api_key = {"authorization": f"Bearer {handle.read().strip()}"}
         configuration.retries = 1  # an unreachable API server is reported, not retried long
         return cls(k8s.ApiClient(configuration), timeout_s)
 

@@ -53,7 +53,9 @@ async def test_a_submitted_pod_appears_as_a_named_slice_live(
     cluster: LocalCluster, page: Any, tmp_path: Path
 ) -> None:
     state = cluster.state()
-    await page.goto(state.metrics_url)
+    await page.goto(state.metrics_url)  # sends the browser to the sign-in form
+    await page.fill('input[name="token"]', cluster.admin_token)
+    await page.click('button[type="submit"]')
     await page.wait_for_selector("#status.live")
     await page.wait_for_selector('.node[data-node="node-1"][data-state="up"] .gpu')
     await page.wait_for_selector('.node[data-node="node-2"] .gpu')

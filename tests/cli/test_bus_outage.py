@@ -23,16 +23,20 @@ from tests.cli.test_vgpu_up_supervise import manifest_named, start_up, stop_up
 GAUGE = re.compile(r'^vgpu_nats_connected\{client="([^"]+)"\} ([0-9.]+)$', re.MULTILINE)
 
 
-def gauges(allocator_url: str) -> dict[str, float]:
-    with urllib.request.urlopen(f"{allocator_url}/metrics", timeout=5) as response:
+def gauges(allocator_url: str, token: str) -> dict[str, float]:
+    request = urllib.request.Request(f"{allocator_url}/metrics",
+                                     headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=5) as response:
         text = response.read().decode()
     return {client: float(value) for client, value in GAUGE.findall(text)}
 
 
-def wait_for_gauges(allocator_url: str, value: float, timeout_s: float = 20) -> dict[str, float]:
+def wait_for_gauges(
+    allocator_url: str, token: str, value: float, timeout_s: float = 20
+) -> dict[str, float]:
     deadline = time.monotonic() + timeout_s
     while True:
-        seen = gauges(allocator_url)
+        seen = gauges(allocator_url, token)
         if seen and all(v == value for v in seen.values()):
             return seen
         assert time.monotonic() < deadline, f"vgpu_nats_connected never all {value}: {seen}"
@@ -72,16 +76,16 @@ def test_a_stopped_nats_is_reported_everywhere_and_everything_recovers(tmp_path:
     process = start_up(state, "--nats-url", nats.url)
     try:
         urls = json.loads(state.read_text())
-        allocator = urls["allocator_url"]
+        allocator, token = urls["allocator_url"], urls["admin_token"]
         assert run_vgpu("submit", "examples/half-gpu.yaml", state=state).returncode == 0
-        up = wait_for_gauges(allocator, 1.0)
+        up = wait_for_gauges(allocator, token, 1.0)
         assert "vgpu-metrics" in up and any(c.startswith("vgpu-allocator") for c in up), up
         assert readiness(allocator)[0] == 200
         metrics = urls["metrics_url"]
         assert bus_badge(metrics)["connected"] is True
 
         nats.stop()
-        down = wait_for_gauges(allocator, 0.0)
+        down = wait_for_gauges(allocator, token, 0.0)
         assert set(down) == set(up)
         status, ready = readiness(allocator)
         assert status == 503 and ready["nats_connected"] is False
@@ -100,7 +104,7 @@ def test_a_stopped_nats_is_reported_everywhere_and_everything_recovers(tmp_path:
         assert f"the bus (NATS at {nats.url}) is unreachable since" in inspected.stderr
 
         nats = EmbeddedNats(port=nats.port, store_dir=store).start()  # same port, same store
-        wait_for_gauges(allocator, 1.0, timeout_s=30)
+        wait_for_gauges(allocator, token, 1.0, timeout_s=30)
         deadline = time.monotonic() + 30  # the leader lease is taken again within its TTL
         while (ready_again := readiness(allocator))[0] != 200:
             assert time.monotonic() < deadline, f"not ready after the bus came back: {ready_again}"

@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,6 +80,19 @@ def test_up_is_ready_quickly_submit_places_and_ctrl_c_leaves_nothing(
     refused = run_vgpu("submit", "examples/cannot-fit.yaml", state=state)
     assert refused.returncode == 1
     assert "not placed" in refused.stdout and "can never fit" in refused.stdout
+
+    # The README's curl examples: the state file's admin token opens the read APIs.
+    written = json.loads(state.read_text())
+    token = run_vgpu("token", state=state)
+    assert token.returncode == 0 and token.stdout.strip() == written["admin_token"]
+    allocations = f"{written['allocator_url']}/allocations"
+    with pytest.raises(urllib.error.HTTPError) as anonymous:
+        urllib.request.urlopen(allocations, timeout=5)
+    assert anonymous.value.code == 401
+    request = urllib.request.Request(allocations, headers={
+        "Authorization": f"Bearer {token.stdout.strip()}"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=5) as response:
+        assert b'"half-gpu"' in response.read()
 
     process.send_signal(signal.SIGINT)
     assert process.wait(timeout=15) == 0

@@ -58,8 +58,12 @@ def nats_servers_of(pid: int) -> list[int]:
 
 
 def booked_pods(state: Path) -> set[str]:
-    url = json.loads(state.read_text())["allocator_url"]
-    with urllib.request.urlopen(f"{url}/allocations", timeout=5) as response:
+    written = json.loads(state.read_text())
+    request = urllib.request.Request(
+        f"{written['allocator_url']}/allocations",
+        headers={"Authorization": f"Bearer {written['admin_token']}"},
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
         body = response.read().decode()
     return {name for name in ("half-gpu", "after-restart") if f'"{name}"' in body}
 

@@ -16,8 +16,10 @@ LABEL_SELECTOR = {
     "matchExpressions": [{"key": str, "operator": str, "values": [str]}],
 }
 NAMESPACE_SELECTOR = {"any": bool, "matchNames": [str]}
+SECRET_KEY = {"name": str, "key": str, "optional": bool}
 ENDPOINT = {"port": str, "path": str, "interval": str, "scrapeTimeout": str, "scheme": str,
-            "honorLabels": bool}  # fmt: skip
+            "honorLabels": bool,
+            "authorization": {"type": str, "credentials": SECRET_KEY}}  # fmt: skip
 
 SCHEMAS: dict[tuple[str, str], dict[Any, Any]] = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): {

@@ -41,16 +41,20 @@ EXPECTED: dict[str, set[Permission]] = {
     "vgpu-scheduler": _grants(NAMESPACE, "coordination.k8s.io", "leases", "create")
     | _grants(NAMESPACE, "coordination.k8s.io", "leases", "get update", "vgpu-scheduler"),
 }
-# Roles that Kubernetes itself defines; only the scheduler is bound to them.
+# Roles that Kubernetes itself defines. The allocator and the metrics service check their
+# readers' bearer tokens (TokenReview, SubjectAccessReview): system:auth-delegator.
+AUTH_DELEGATOR = ("cluster", "ClusterRole", "system:auth-delegator")
 BUILT_IN = {
     "vgpu-scheduler": {
         ("cluster", "ClusterRole", "system:kube-scheduler"),
         ("cluster", "ClusterRole", "system:volume-scheduler"),
         ("kube-system", "Role", "extension-apiserver-authentication-reader"),
-    }
+    },
+    "vgpu-allocator": {AUTH_DELEGATOR},
+    "vgpu-metrics": {AUTH_DELEGATOR},
 }
-# Metrics and NATS read nothing from the API: no bindings, no token.
-NO_ACCESS = {"vgpu-metrics", "vgpu-nats"}
+# NATS reads nothing from the API: no bindings, no token.
+NO_ACCESS = {"vgpu-nats"}
 
 
 def _rules(role: Obj) -> list[Obj]:
@@ -74,7 +78,10 @@ def _permissions(docs: list[Obj]) -> tuple[dict[str, set[Permission]], dict[str,
                 built_in.setdefault(account, set()).add((where, ref["kind"], ref["name"]))
                 continue
             for rule in _rules(role):
-                for group in rule["apiGroups"]:
+                for path in rule.get("nonResourceURLs", []):
+                    for verb in rule["verbs"]:
+                        granted.setdefault(account, set()).add(("cluster", "url", path, verb, "*"))
+                for group in rule.get("apiGroups", []):
                     for resource in rule["resources"]:
                         for verb in rule["verbs"]:
                             for name in rule.get("resourceNames", ["*"]):
@@ -101,8 +108,47 @@ def test_cert_manager_overlay_drops_the_certgen_permissions() -> None:
 def test_no_wildcards_or_dangerous_verbs(overlay: str) -> None:
     for role in (d for d in render(overlay) if d["kind"] in ("Role", "ClusterRole")):
         for rule in _rules(role):
-            for field in ("apiGroups", "resources", "verbs"):
-                assert "*" not in rule[field], (role["metadata"]["name"], rule)
+            for field in ("apiGroups", "resources", "verbs", "nonResourceURLs"):
+                assert "*" not in rule.get(field, []), (role["metadata"]["name"], rule)
             assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
-            if "secrets" in rule["resources"]:
+            if "secrets" in rule.get("resources", []):
                 assert not {"list", "watch"} & set(rule["verbs"]), "secrets are never listed"
+
+
+def test_prometheus_scrapes_with_a_token_that_may_only_get_metrics() -> None:
+    docs = render("overlays/servicemonitor")
+    granted, built_in = _permissions(docs)
+    assert granted["vgpu-prometheus"] == {("cluster", "url", "/metrics", "get", "*")}
+    assert "vgpu-prometheus" not in built_in
+    secret = next(d for d in docs if d["kind"] == "Secret"
+                  and d["metadata"]["name"] == "vgpu-prometheus-token")  # fmt: skip
+    assert secret["type"] == "kubernetes.io/service-account-token"
+    assert secret["metadata"]["annotations"]["kubernetes.io/service-account.name"] == (
+        "vgpu-prometheus")  # fmt: skip
+    endpoints = [
+        e
+        for d in docs
+        if d["kind"] in ("ServiceMonitor", "PodMonitor")
+        for e in d["spec"].get("endpoints", d["spec"].get("podMetricsEndpoints", []))
+    ]
+    assert len(endpoints) == 2
+    for endpoint in endpoints:
+        assert endpoint["authorization"] == {
+            "type": "Bearer",
+            "credentials": {"name": "vgpu-prometheus-token", "key": "token"},
+        }
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda o: o or "default")
+def test_read_apis_check_tokens_and_probes_need_none(overlay: str) -> None:
+    """Both readers' services ask the API server (VGPU_READ_AUTH=kubernetes); liveness and
+    readiness use the open endpoints, never the gated /metrics."""
+    for name in ("vgpu-allocator", "vgpu-metrics"):
+        deployment = next(d for d in render(overlay) if d["kind"] == "Deployment"
+                          and d["metadata"]["name"] == name)  # fmt: skip
+        [container] = deployment["spec"]["template"]["spec"]["containers"][:1]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["VGPU_READ_AUTH"] == "kubernetes", name
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            if probe in container:
+                assert container[probe]["httpGet"]["path"] in ("/livez", "/healthz"), (name, probe)

@@ -117,8 +117,13 @@ async def test_an_unknown_node_is_named_in_failed_nodes(cluster: LocalCluster) -
     assert set(mixed.failed_nodes) == {"node-9"}
 
 
-async def allocated_bytes(metrics_url: str, gpu: str) -> float:
-    async with aiohttp.ClientSession() as session, session.get(f"{metrics_url}/metrics") as resp:
+async def allocated_bytes(metrics_url: str, gpu: str, token: str) -> float:
+    headers = {"Authorization": f"Bearer {token}"}  # /metrics is behind the read gate
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{metrics_url}/metrics", headers=headers) as resp,
+    ):
+        assert resp.status == 200, await resp.text()
         text = await resp.text()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -130,12 +135,12 @@ async def allocated_bytes(metrics_url: str, gpu: str) -> float:
 async def test_bound_slices_reach_the_metrics_service(cluster: LocalCluster) -> None:
     outcome = await submit(load_pod(EXAMPLES / "half-gpu.yaml"), cluster.state())
     gpu = outcome.containers[0].gpus[0]
-    metrics_url = cluster.state().metrics_url
+    metrics_url, token = cluster.state().metrics_url, cluster.admin_token
     for _ in range(100):
-        if await allocated_bytes(metrics_url, gpu) > 0:
+        if await allocated_bytes(metrics_url, gpu, token) > 0:
             break
         await asyncio.sleep(0.05)
-    assert await allocated_bytes(metrics_url, gpu) == 20480 * 1024 * 1024
+    assert await allocated_bytes(metrics_url, gpu, token) == 20480 * 1024 * 1024
 
 
 def _pod(name: str, cpu: str, **gpu: Any) -> dict[str, Any]:
