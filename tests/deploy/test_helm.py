@@ -111,7 +111,10 @@ def test_the_comparison_notices_a_difference() -> None:
     ]
     problems = _compare(render(""), render_chart({"serviceMonitor": {"enabled": True}}))
     assert sorted(problems) == [
+        "('ClusterRoleBinding', '', 'vgpu-prometheus-metrics-reader'): only in the chart",
         "('PodMonitor', 'vgpu-system', 'vgpu-allocator'): only in the chart",
+        "('Secret', 'vgpu-system', 'vgpu-prometheus-token'): only in the chart",
+        "('ServiceAccount', 'vgpu-system', 'vgpu-prometheus'): only in the chart",
         "('ServiceMonitor', 'vgpu-system', 'vgpu-metrics'): only in the chart",
     ]
 
