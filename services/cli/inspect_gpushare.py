@@ -15,8 +15,7 @@ from pathlib import Path
 
 import click
 
-from services.cli.inspect import URL_HELP, bus_warning, fetch_picture, only_nodes
-from services.cli.inspect import resolve_metrics_url as metrics_url_of
+from services.cli.inspect import URL_HELP, bus_warning, fetch_picture, only_nodes, resolve_target
 from services.metrics.views import ClusterView, GpuView, NodeView
 
 GIB_MIB = 1024
@@ -152,12 +151,26 @@ def details(view: ClusterView) -> str:
               help="Per node: the pods on each GPU and their GiB.")  # fmt: skip
 @click.option("--metrics-url", envvar="VGPU_METRICS_URL", default=None, help=URL_HELP)
 @click.option("--state-file", type=click.Path(path_type=Path), default=None)
+@click.option(
+    "--token",
+    envvar="VGPU_TOKEN",
+    default=None,
+    help="Bearer token (default: `vgpu up`'s admin token, or the kubeconfig's).",
+)
+@click.option(
+    "--kubeconfig",
+    envvar="KUBECONFIG",
+    default=None,
+    help="Where the token comes from with --metrics-url (default ~/.kube/config).",
+)
 @click.option("--timeout", default=5.0, show_default=True, help="Seconds to wait for an answer.")
 def main(nodes: tuple[str, ...], show_details: bool, metrics_url: str | None,
-         state_file: Path | None, timeout: float) -> None:  # fmt: skip
-    """GPU memory allocated per node and GPU in GiB, as Aliyun gpushare's inspect shows it."""
-    url = metrics_url_of(metrics_url, state_file)
-    view = only_nodes(fetch_picture(url, timeout), nodes)
+         state_file: Path | None, token: str | None, kubeconfig: str | None,
+         timeout: float) -> None:  # fmt: skip
+    """GPU memory allocated per node and GPU in GiB, as Aliyun gpushare's inspect shows it
+    (for the namespaces whose pods the token's user may list, as `vgpu inspect`)."""
+    url, bearer = resolve_target(metrics_url, state_file, token, kubeconfig)
+    view = only_nodes(fetch_picture(url, timeout, bearer), nodes)
     warning = bus_warning(url, timeout)
     if warning:
         click.echo(f"warning: {warning}", err=True)

@@ -101,7 +101,7 @@ async def picture_with(cluster: LocalCluster, pods: int) -> ClusterView:
     """The metrics service's picture once it holds `pods` pods."""
     url = cluster.state().metrics_url
     for _ in range(200):
-        view = await asyncio.to_thread(fetch_picture, url, 5.0)
+        view = await asyncio.to_thread(fetch_picture, url, 5.0, cluster.admin_token)
         if len(view.pods) >= pods:
             return view
         await asyncio.sleep(0.05)
@@ -146,6 +146,7 @@ async def test_kubectl_inspect_gpushare_prints_gpushares_tables(
     venv_bin = Path(sys.executable).parent
     environ = {**os.environ, "PATH": f"{venv_bin}:{os.environ['PATH']}",
                "VGPU_METRICS_URL": cluster.state().metrics_url,
+               "VGPU_TOKEN": cluster.admin_token,
                "KUBECONFIG": str(tmp_path / "none")}  # fmt: skip
     for args, first_line in (
         (["inspect", "gpushare"], header),

@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 from click.testing import CliRunner
 
+from services.cli import inspect_gpushare
 from services.cli.inspect import inspect_command, kubectl_main
 from services.cli.local_cluster import LocalCluster, LocalClusterSpec
 from services.cli.state import UpState, write_state
@@ -126,6 +127,16 @@ async def assert_inspect_sees(state: UpState, state_file: Path, tmp_path: Path) 
     assert namespaces(bob) == ["team-b"]
     nobody = await asyncio.to_thread(run, "--metrics-url", state.metrics_url)
     assert nobody.exit_code != 0 and "answered 401" in nobody.output
+
+    # kubectl-inspect-gpushare reads the same picture with the same token.
+    def gpushare(*args: str) -> Any:
+        return CliRunner().invoke(inspect_gpushare.main, [*args, "--state-file", str(state_file)],
+                                  env={"KUBECONFIG": ""})  # fmt: skip
+
+    shown = await asyncio.to_thread(gpushare)
+    assert shown.exit_code == 0 and "node-" in shown.output, shown.output
+    forged = await asyncio.to_thread(gpushare, "--token", "forged")
+    assert forged.exit_code != 0 and "answered 401" in forged.output
 
 
 async def test_the_users_file_and_its_tokens_survive_a_restart(tmp_path: Path) -> None:
