@@ -43,9 +43,14 @@ def wait_for_gauges(
         time.sleep(0.2)
 
 
-def bus_badge(metrics_url: str) -> dict[str, object]:
+def _authorized(url: str, token: str) -> urllib.request.Request:
+    return urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+
+
+def bus_badge(metrics_url: str, token: str) -> dict[str, object]:
     """The `bus` frame the dashboard's live stream sends right after its snapshot."""
-    with urllib.request.urlopen(f"{metrics_url}/api/v1/events", timeout=10) as stream:
+    request = _authorized(f"{metrics_url}/api/v1/events", token)
+    with urllib.request.urlopen(request, timeout=10) as stream:
         event = ""
         for raw in stream:
             line = raw.decode().rstrip("\n")
@@ -56,8 +61,9 @@ def bus_badge(metrics_url: str) -> dict[str, object]:
     raise AssertionError("the stream ended without a bus frame")
 
 
-def picture(metrics_url: str) -> dict[str, object]:
-    with urllib.request.urlopen(f"{metrics_url}/api/v1/picture", timeout=5) as response:
+def picture(metrics_url: str, token: str) -> dict[str, object]:
+    request = _authorized(f"{metrics_url}/api/v1/picture", token)
+    with urllib.request.urlopen(request, timeout=5) as response:
         return json.loads(response.read())
 
 
@@ -82,7 +88,7 @@ def test_a_stopped_nats_is_reported_everywhere_and_everything_recovers(tmp_path:
         assert "vgpu-metrics" in up and any(c.startswith("vgpu-allocator") for c in up), up
         assert readiness(allocator)[0] == 200
         metrics = urls["metrics_url"]
-        assert bus_badge(metrics)["connected"] is True
+        assert bus_badge(metrics, token)["connected"] is True
 
         nats.stop()
         down = wait_for_gauges(allocator, token, 0.0)
@@ -90,7 +96,7 @@ def test_a_stopped_nats_is_reported_everywhere_and_everything_recovers(tmp_path:
         status, ready = readiness(allocator)
         assert status == 503 and ready["nats_connected"] is False
         assert isinstance(ready["nats_down_since"], float)
-        badge = bus_badge(metrics)  # the dashboard: "bus down since <time>", not "live"
+        badge = bus_badge(metrics, token)  # the dashboard: "bus down since <time>", not "live"
         assert badge["connected"] is False and badge["nats_url"] == nats.url
         assert badge["nats_down_since"] == pytest.approx(ready["nats_down_since"], abs=5)
 
@@ -115,7 +121,7 @@ def test_a_stopped_nats_is_reported_everywhere_and_everything_recovers(tmp_path:
         back_at = time.time()
         deadline = time.monotonic() + 10
         while True:
-            seen = picture(metrics)
+            seen = picture(metrics, token)
             nodes = {n["name"]: n for n in seen["nodes"]}  # type: ignore[index]
             fresh = all(n["state"] == "up" and n["silent_s"] < 4.5 for n in nodes.values())
             if len(nodes) == 2 and fresh:
@@ -123,8 +129,10 @@ def test_a_stopped_nats_is_reported_everywhere_and_everything_recovers(tmp_path:
             assert time.monotonic() < deadline, f"the agents did not re-send: {nodes}"
             time.sleep(0.2)
         assert "half-gpu" in {p["name"] for p in seen["pods"]}  # type: ignore[index]
-        assert bus_badge(metrics)["connected"] is True
-        with urllib.request.urlopen(f"{allocator}/metrics", timeout=5) as response:
+        assert bus_badge(metrics, token)["connected"] is True
+        with urllib.request.urlopen(
+            _authorized(f"{allocator}/metrics", token), timeout=5
+        ) as response:
             text = response.read().decode()
         assert re.search(r'vgpu_allocator_nodes\{[^}]*state="available"[^}]*\} 2\.0', text)
         print(f"picture fresh {time.time() - back_at:.1f}s after the bus came back")

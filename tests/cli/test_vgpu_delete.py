@@ -14,8 +14,11 @@ from tests.cli.test_vgpu_up import run_vgpu
 from tests.cli.test_vgpu_up_supervise import start_up, stop_up
 
 
-def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as response:
+def get_json(url: str, token: str = "") -> Any:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with urllib.request.urlopen(
+        urllib.request.Request(url, headers=headers), timeout=5
+    ) as response:
         return json.loads(response.read())
 
 
@@ -31,7 +34,10 @@ def test_delete_frees_the_slice_and_a_live_pod_cannot_be_submitted_twice(tmp_pat
     process = start_up(state)
     try:
         urls = json.loads(state.read_text())
-        booked = lambda: {a["name"] for a in get_json(f"{urls['allocator_url']}/allocations")}  # noqa: E731
+        token = urls["admin_token"]  # /allocations and the metrics API check tokens
+
+        def booked() -> set[str]:
+            return {a["name"] for a in get_json(f"{urls['allocator_url']}/allocations", token)}
 
         placed = run_vgpu("submit", "examples/half-gpu.yaml", state=state)
         assert placed.returncode == 0, placed.stderr
@@ -45,7 +51,7 @@ def test_delete_frees_the_slice_and_a_live_pod_cannot_be_submitted_twice(tmp_pat
             'Error from server (AlreadyExists): error when creating "examples/half-gpu.yaml": '
             'pods "half-gpu" already exists'
         ) in twice.stderr, twice.stderr
-        assert [a["name"] for a in get_json(f"{urls['allocator_url']}/allocations")].count(
+        assert [a["name"] for a in get_json(f"{urls['allocator_url']}/allocations", token)].count(
             "half-gpu"
         ) == 1, "booked twice"
 
@@ -64,7 +70,10 @@ def test_delete_frees_the_slice_and_a_live_pod_cannot_be_submitted_twice(tmp_pat
         # Pending is what the API server has waiting: shown until the pod is deleted.
         refused = run_vgpu("submit", "examples/cannot-fit.yaml", state=state)
         assert refused.returncode == 1 and "vgpu delete" in refused.stdout
-        pending = lambda: [p["name"] for p in get_json(f"{urls['metrics_url']}/api/v1/pending")]  # noqa: E731
+
+        def pending() -> list[str]:
+            return [p["name"] for p in get_json(f"{urls['metrics_url']}/api/v1/pending", token)]
+
         wait_for(lambda: pending() == ["cannot-fit"], "the pending pod shown")
         assert run_vgpu("delete", "cannot-fit", state=state).returncode == 0
         wait_for(lambda: pending() == [], "the deleted pod to leave the pending list")

@@ -67,7 +67,7 @@ async def test_time_slicing_mode_end_to_end() -> None:
         # The mode is in the inventory, so `vgpu inspect` shows it.
         url = cluster.state().metrics_url
         for _ in range(100):
-            view = await asyncio.to_thread(fetch_picture, url, 5.0)
+            view = await asyncio.to_thread(fetch_picture, url, 5.0, cluster.admin_token)
             if view.nodes and view.nodes[0].gpus:
                 break
             await asyncio.sleep(0.05)
