@@ -17,7 +17,9 @@ from __future__ import annotations
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 import msgspec
@@ -280,27 +282,42 @@ def render(view: ClusterView, details: bool = False) -> str:
 # -- the command ----------------------------------------------------------------------------
 
 
+_PICTURE_SOURCE = (
+    click.option("--metrics-url", envvar="VGPU_METRICS_URL", default=None, help=URL_HELP),
+    click.option("--state-file", type=click.Path(path_type=Path), default=None),
+    click.option(
+        "--token",
+        envvar="VGPU_TOKEN",
+        default=None,
+        help="Bearer token (default: `vgpu up`'s admin token, or the kubeconfig's).",
+    ),
+    click.option(
+        "--kubeconfig",
+        envvar="KUBECONFIG",
+        default=None,
+        help="Where the token comes from with --metrics-url (default ~/.kube/config).",
+    ),
+    click.option(
+        "--timeout", default=5.0, show_default=True, help="Seconds to wait for an answer."
+    ),
+)
+
+
+def picture_source_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Where a command reads the cluster's picture from, and as whom: the options every
+    inspect command shares (--metrics-url, --state-file, --token, --kubeconfig, --timeout)."""
+    for option in reversed(_PICTURE_SOURCE):
+        command = option(command)
+    return command
+
+
 @click.command("inspect")
 @click.option("-d", "--details", is_flag=True,
               help="One line per slice (asked, limit, used) and every pending reason.")  # fmt: skip
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table",
               show_default=True)  # fmt: skip
 @click.option("--node", "nodes", multiple=True, help="Only this node (repeatable).")
-@click.option("--metrics-url", envvar="VGPU_METRICS_URL", default=None, help=URL_HELP)
-@click.option("--state-file", type=click.Path(path_type=Path), default=None)
-@click.option(
-    "--token",
-    envvar="VGPU_TOKEN",
-    default=None,
-    help="Bearer token (default: `vgpu up`'s admin token, or the kubeconfig's).",
-)
-@click.option(
-    "--kubeconfig",
-    envvar="KUBECONFIG",
-    default=None,
-    help="Where the token comes from with --metrics-url (default ~/.kube/config).",
-)
-@click.option("--timeout", default=5.0, show_default=True, help="Seconds to wait for an answer.")
+@picture_source_options
 def inspect_command(details: bool, output: str, nodes: tuple[str, ...], metrics_url: str | None,
                     state_file: Path | None, token: str | None, kubeconfig: str | None,
                     timeout: float) -> None:  # fmt: skip

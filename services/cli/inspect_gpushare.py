@@ -15,7 +15,13 @@ from pathlib import Path
 
 import click
 
-from services.cli.inspect import URL_HELP, bus_warning, fetch_picture, only_nodes, resolve_target
+from services.cli.inspect import (
+    bus_warning,
+    fetch_picture,
+    only_nodes,
+    picture_source_options,
+    resolve_target,
+)
 from services.metrics.views import ClusterView, GpuView, NodeView
 
 GIB_MIB = 1024
@@ -149,21 +155,7 @@ def details(view: ClusterView) -> str:
 @click.argument("nodes", nargs=-1)
 @click.option("-d", "--details", "show_details", is_flag=True,
               help="Per node: the pods on each GPU and their GiB.")  # fmt: skip
-@click.option("--metrics-url", envvar="VGPU_METRICS_URL", default=None, help=URL_HELP)
-@click.option("--state-file", type=click.Path(path_type=Path), default=None)
-@click.option(
-    "--token",
-    envvar="VGPU_TOKEN",
-    default=None,
-    help="Bearer token (default: `vgpu up`'s admin token, or the kubeconfig's).",
-)
-@click.option(
-    "--kubeconfig",
-    envvar="KUBECONFIG",
-    default=None,
-    help="Where the token comes from with --metrics-url (default ~/.kube/config).",
-)
-@click.option("--timeout", default=5.0, show_default=True, help="Seconds to wait for an answer.")
+@picture_source_options
 def main(nodes: tuple[str, ...], show_details: bool, metrics_url: str | None,
          state_file: Path | None, token: str | None, kubeconfig: str | None,
          timeout: float) -> None:  # fmt: skip
