@@ -181,9 +181,8 @@ def main() -> None:
         "and looks it up in the per-process cost table), spends the thread's tokens and counts "
         "down to its next poll or sample; it reads no clock and writes no shared memory except "
         "when a thread reserves a new chunk of the container's clock, samples a launch or "
-        "flushes its launch count (every 256). Measured on a 2-core machine with other work "
-        "running (load about 12); on a quiet machine the last figures before this change were "
-        "87% and 78%.",
+        "flushes its launch count (every 256). Before the per-thread memo and the single "
+        "countdown, a quiet machine gave 87% and 78%.",
     ]
     report = "\n".join(lines)
     print(report)
