@@ -224,6 +224,7 @@ class LocalCluster:
             cert = self_signed(self.work_dir / "webhook-tls", "vgpu-allocator.vgpu-system.svc")
             webhook = {"webhook_port": 0, "webhook_host": "127.0.0.1",
                        "tls_cert_file": cert.cert_file, "tls_key_file": cert.key_file}  # fmt: skip
+            webhook_ca = cert.ca_file
         self.allocator = await self._run(
             lambda port: Allocator(
                 msgspec.convert({"nats_url": nats_url, "http_port": port, **webhook, **extender,
@@ -235,7 +236,7 @@ class LocalCluster:
         if spec.admission_webhook:
             assert self.allocator is not None
             registered = MutatingWebhook.from_configuration(
-                WEBHOOK_CONFIGURATION, self.allocator.webhook_url, str(webhook["tls_cert_file"])
+                WEBHOOK_CONFIGURATION, self.allocator.webhook_url, webhook_ca
             )
             self.api.admission = MutatingAdmission([registered])
         self.metrics = await self._run(

@@ -154,7 +154,7 @@ async def test_an_unreachable_webhook_follows_its_failure_policy(
     cert = self_signed(tmp_path, "nobody")
     entry = copy.deepcopy(WEBHOOK_CONFIGURATION) | {"failurePolicy": policy, "timeoutSeconds": 1}
     webhook = MutatingWebhook.from_configuration(
-        entry, f"https://127.0.0.1:{free_port()}", cert.cert_file
+        entry, f"https://127.0.0.1:{free_port()}", cert.ca_file
     )
     admission = MutatingAdmission([webhook])
     pod = load_pod(PEERS / "tencent.yaml")
@@ -176,7 +176,7 @@ async def test_only_the_webhooks_selected_namespaces_and_operations_are_called(
     cert = self_signed(tmp_path, "nobody")
     entry = copy.deepcopy(WEBHOOK_CONFIGURATION) | {"failurePolicy": "Fail"}
     webhook = MutatingWebhook.from_configuration(
-        entry, f"https://127.0.0.1:{free_port()}", cert.cert_file
+        entry, f"https://127.0.0.1:{free_port()}", cert.ca_file
     )
     pod = load_pod(PEERS / "tencent.yaml")
     assert webhook.applies("CREATE", "default", pod)
