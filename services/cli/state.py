@@ -8,6 +8,8 @@ from pathlib import Path
 
 import msgspec
 
+from services.common.processes import process_alive
+
 
 class UpGpu(msgspec.Struct, frozen=True):
     uuid: str
@@ -80,16 +82,7 @@ def read_state(path: Path) -> UpState:
         raise StateError(f"no running `vgpu up` found ({path} is missing): start it first") from exc
     except msgspec.DecodeError as exc:
         raise StateError(f"{path} is not a vgpu state file: {exc}") from exc
-    if not _alive(state.pid):
+    if not process_alive(state.pid):
         raise StateError(f"`vgpu up` (pid {state.pid}) is no longer running: start it again")
     return state
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True

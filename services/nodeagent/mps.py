@@ -20,6 +20,7 @@ from pathlib import Path
 
 from prometheus_client import Counter, Gauge
 
+from services.common.processes import process_alive
 from services.common.schemas import GpuDevice
 from services.nodeagent.grant import mps_dirs
 
@@ -40,20 +41,6 @@ DAEMON_RESTARTS = Counter(
 
 class MpsError(RuntimeError):
     pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a dead daemon not yet reaped is a zombie: dead for us
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state not in ("Z", "X")
 
 
 @dataclass
@@ -91,7 +78,7 @@ class MpsDaemons:
 
     def alive(self, gpu_uuid: str) -> bool:
         daemon = self._daemons[gpu_uuid]
-        return bool(daemon.pid) and _alive(daemon.pid)
+        return bool(daemon.pid) and process_alive(daemon.pid)
 
     def _env(self, daemon: _Daemon) -> dict[str, str]:
         return {
@@ -159,7 +146,7 @@ class MpsDaemons:
         while True:
             await asyncio.sleep(self._interval_s)
             for daemon in self._daemons.values():
-                if _alive(daemon.pid):
+                if process_alive(daemon.pid):
                     continue
                 DAEMON_UP.labels(node=self._node, gpu=daemon.gpu.uuid).set(0)
                 log.warning(
@@ -183,12 +170,12 @@ class MpsDaemons:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         for daemon in self._daemons.values():
-            if not daemon.pid or not _alive(daemon.pid):
+            if not daemon.pid or not process_alive(daemon.pid):
                 continue
             with contextlib.suppress(MpsError):
                 await self._run(daemon, [], stdin="quit\n")
             for _ in range(100):
-                if not _alive(daemon.pid):
+                if not process_alive(daemon.pid):
                     break
                 await asyncio.sleep(0.02)
             else:

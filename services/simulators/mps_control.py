@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from services.common.processes import process_alive
+
 DEFAULT_PIPE = "/tmp/nvidia-mps"
 DEFAULT_LOG = "/var/log/nvidia-mps"
 CONTROL = "control"
@@ -40,12 +42,9 @@ def running_pid(pipe: Path) -> int | None:
     """The daemon's pid when one runs on this pipe directory."""
     try:
         pid = int((pipe / PID_FILE).read_text().strip())
-        os.kill(pid, 0)
-        # Killed but not yet reaped by whoever adopted it: dead all the same.
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, ValueError, IndexError):
+    except (OSError, ValueError):
         return None
-    return None if state in ("Z", "X") else pid
+    return pid if process_alive(pid) else None
 
 
 def _log(logs: Path, message: str) -> None:
