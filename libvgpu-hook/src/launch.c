@@ -382,12 +382,10 @@ static __attribute__((noinline)) int launch_events(uint64_t cost, int known)
 /* Whether this launch polls or samples: the thread's count down, inline. */
 static inline int launch_sample_due(uint64_t cost, int known)
 {
-    if (known && --me.quiet_launches > 0 && (int64_t)cost < me.quiet_cost) {
+    if (--me.quiet_launches > 0 && known && (int64_t)cost < me.quiet_cost) {
         me.quiet_cost -= (int64_t)cost;
         return 0;
     }
-    if (!known)
-        --me.quiet_launches;
     return launch_events(cost, known);
 }
 
