@@ -351,7 +351,8 @@ class Allocator:
             await close()
 
     async def _on_inventory(self, inventory: NodeInventory) -> None:
-        if self.engine.on_inventory(inventory):
+        changed = self.engine.on_inventory(inventory)
+        if changed:
             log.info(
                 "node inventory changed",
                 extra={
@@ -360,9 +361,18 @@ class Allocator:
                     "unhealthy": [g.uuid for g in inventory.gpus if not g.healthy],
                 },
             )
-        if inventory.node in self._unavailable:
+        returned = inventory.node in self._unavailable
+        if returned:
             self._unavailable.discard(inventory.node)
             log.info("node available again", extra={"node": inventory.node})
+        if changed or returned:  # not at every heartbeat: counting walks every node
+            self._count_nodes()
+
+    def _count_nodes(self) -> None:
+        """The node gauges, at once when a node comes or returns, else at each heartbeat check."""
+        known = sum(1 for _ in self.cluster.states())
+        NODES.labels(replica=self.replica, state="unavailable").set(len(self._unavailable))
+        NODES.labels(replica=self.replica, state="available").set(known - len(self._unavailable))
 
     async def _watch_heartbeats(self) -> None:
         """Say when a node's agent falls silent (it keeps its allocations, takes no new ones)."""
@@ -381,10 +391,7 @@ class Allocator:
                             "pods_kept": len(self.ledger.on_node(state.name)),
                         },
                     )
-            NODES.labels(replica=self.replica, state="unavailable").set(len(self._unavailable))
-            NODES.labels(replica=self.replica, state="available").set(
-                len(states) - len(self._unavailable)
-            )
+            self._count_nodes()
 
     async def _on_filtered(self, pod: dict[str, Any], outcome: FilterOutcome) -> None:
         """A pod no node can take: tell NATS listeners and, as the leader, the cluster, once
