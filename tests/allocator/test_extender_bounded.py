@@ -137,8 +137,11 @@ async def test_a_100000_node_request_leaves_healthz_answering_and_the_lease_rene
         assert any(scores[f"real-{i}"] for i in range(20))
     # Relative, so the load of a shared machine scales both sides: a loop frozen for the
     # filter makes one probe wait most of it (measured 0.41-0.48 s of a 0.55-0.59 s filter
-    # before slicing); sliced, no probe waits more than a slice (~0.1 s of ~0.9 s).
-    assert max(latencies) < took / 2, (max(latencies), took, len(latencies))
+    # before slicing); sliced, no probe waits more than a slice (~0.1 s of ~0.9 s). A request
+    # answered in well under half a second cannot starve a probe that matters, and the one
+    # unsliced step (decoding the body) is then a large share of it (CI: 0.08 s of 0.13 s).
+    allowed = max(took / 2, 0.25)
+    assert max(latencies) < allowed, (max(latencies), took, len(latencies))
     assert len(latencies) >= 3, (latencies, took)
     assert not lost, f"the lease was lost during a {took:.1f}s {verb}"
     print(f"{verb} of {len(names)} nodes: {took:.2f}s; healthz max {max(latencies) * 1000:.0f} ms "
