@@ -90,6 +90,11 @@ static void device_joined(int dev)
     pthread_mutex_unlock(&mu);
 }
 
+void sim_device_busy(int dev, uint64_t gpu_ns)
+{
+    sim_procs_busy(&procs[dev], gpu_ns);
+}
+
 CUresult sim_check_init(void)
 {
     return atomic_load(&initialized) ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;

@@ -33,6 +33,10 @@ extern _Thread_local CUcontext sim_current;
 CUresult sim_check_init(void);
 CUresult sim_check_device(CUdevice dev);
 
+/* sim_cuda.c, for sim_exec.c: charges gpu_ns of kernel time to this process on dev (what
+ * the agent reads as its SM share). Lock-free: called at every launch. */
+void sim_device_busy(int dev, uint64_t gpu_ns);
+
 /* sim_cuda.c, for sim_reserve.c. VMM handles: recorded on dev, counted in its used memory
  * when charge is set (an import of another process's memory is not). Pool addresses: not
  * counted (the pool's reservation is, through sim_reserve). */

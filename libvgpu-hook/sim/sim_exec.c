@@ -78,6 +78,7 @@ static void run_on(struct CUstream_st *s, uint64_t gpu_ns)
         end = (busy > earliest ? busy : earliest) + gpu_ns;
     while (!atomic_compare_exchange_weak(&t->busy_until_ns, &busy, end));
     atomic_fetch_add(&t->busy_ns_total, gpu_ns);
+    sim_device_busy(s->ctx->dev, gpu_ns);
     sim_atomic_max(&s->last_end_ns, end);
     sim_atomic_max(&s->ctx->last_end_ns, end);
     /* An event recorded just before, not reached yet: the device reaches it as it starts this. */

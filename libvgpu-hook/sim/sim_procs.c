@@ -103,6 +103,7 @@ static void take_slot(struct sim_procs *p)
             continue; /* a live process holds it */
         struct sim_proc_slot *s = &p->table->slot[i];
         atomic_store(&s->used_bytes, 0); /* what a dead owner left */
+        atomic_store(&s->busy_ns, 0);
         s->pid = (int32_t)getpid();
         s->pidns_inode = pidns;
         s->start_ticks = start;
@@ -139,6 +140,12 @@ void sim_procs_charge(struct sim_procs *p, int64_t delta)
         while (!atomic_compare_exchange_weak(&s->used_bytes, &old, old > down ? old - down : 0)) {
         }
     }
+}
+
+void sim_procs_busy(struct sim_procs *p, uint64_t ns)
+{
+    if (p->table && p->mine >= 0 && p->mine_pid == (int)getpid())
+        atomic_fetch_add(&p->table->slot[p->mine].busy_ns, ns);
 }
 
 uint64_t sim_procs_others_used(struct sim_procs *p)

@@ -17,7 +17,10 @@
  *   header, 64 bytes: u64 magic SIM_PROCS_MAGIC, u32 version 1, u32 slot count
  *   slot i at 64 + 64*i: u64 used bytes, i32 pid (in the owner's own PID
  *   namespace), u32 0, u64 PID-namespace inode, u64 start time (clock ticks
- *   since boot, /proc/<pid>/stat field 22), 32 bytes reserved. */
+ *   since boot, /proc/<pid>/stat field 22), u64 GPU time (ns) of the kernels the
+ *   process queued on the device (what NVML's per-process SM samples measure on
+ *   hardware), 24 bytes reserved. The GPU-time field was reserved (zero) before,
+ *   so readers of version 1 that ignore it are unaffected. */
 #ifndef VGPU_SIM_PROCS_H
 #define VGPU_SIM_PROCS_H
 
@@ -36,7 +39,8 @@ struct sim_proc_slot {
     uint32_t reserved0;
     uint64_t pidns_inode;
     uint64_t start_ticks;
-    uint64_t reserved[4];
+    _Atomic uint64_t busy_ns;
+    uint64_t reserved[3];
 };
 
 struct sim_proc_table {
@@ -63,6 +67,11 @@ int sim_procs_open(struct sim_procs *p, const char *state_dir, const char *uuid)
  * first if it has none yet; delta 0 just makes the process show). Callers
  * serialise calls on one struct sim_procs. */
 void sim_procs_charge(struct sim_procs *p, int64_t delta);
+
+/* Adds ns of GPU time to this process's figure on the device. Lock-free (a kernel
+ * launch calls it); does nothing before the process took a slot (its first
+ * context does) or in a forked child that has not taken its own yet. */
+void sim_procs_busy(struct sim_procs *p, uint64_t ns);
 
 struct sim_proc_info {
     unsigned pid;                 /* as the caller's PID namespace sees it */

@@ -101,7 +101,8 @@ class ContainerDeviceUsage(msgspec.Struct, frozen=True, kw_only=True):
     measured_mib: int = -1
     # Standing findings of the agent's verification, comma-separated: "over_limit" (NVML
     # shows more than the slice plus tolerance), "tampering" (the hook's limits or figures
-    # disagree with the agent's); "" = none.
+    # disagree with the agent's), "over_compute" (NVML shows more SM time than the cores
+    # share while others want the GPU); "" = none.
     violation: str = ""
     # Of memory_used_mib: allocations the hook gave as managed memory because the card was
     # full (virtual device memory, memory scaling > 1); they page to host memory.
@@ -122,7 +123,7 @@ class ContainerUsage(msgspec.Struct, kw_only=True):
     sent_at: float = msgspec.field(default_factory=time.time)
 
 
-ViolationKind = Literal["over_limit", "tampering"]
+ViolationKind = Literal["over_limit", "tampering", "over_compute"]
 
 
 class SliceViolation(msgspec.Struct, kw_only=True):
@@ -143,6 +144,11 @@ class SliceViolation(msgspec.Struct, kw_only=True):
     pids: list[int] = []  # host PIDs of the container's processes on this GPU
     action: Literal["report", "kill"] = "report"
     killed_pids: list[int] = []  # SIGKILLed, newest first (action "kill")
+    # over_compute: the cores share (percent of the GPU), NVML's SM share of the container's
+    # processes and of everything else on the GPU (percent; -1 = not an over_compute finding)
+    cores_limit: int = 0
+    measured_sm_percent: float = -1.0
+    others_sm_percent: float = -1.0
     sent_at: float = msgspec.field(default_factory=time.time)
 
 

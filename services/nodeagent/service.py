@@ -71,7 +71,7 @@ from services.nodeagent.settings import (
     mode_plan,
     node_mode,
 )
-from services.nodeagent.verify import Verifier
+from services.nodeagent.verify import ComputeCheck, Verifier
 
 log = logging.getLogger("vgpu.nodeagent")
 
@@ -284,6 +284,11 @@ class NodeAgent:
             tolerance_percent=s.violation_tolerance_percent,
             tolerance_mib=s.violation_tolerance_mib,
             confirm_s=s.violation_confirm_s,
+            compute=ComputeCheck(
+                policy=s.compute_policy,
+                tolerance_percent=s.violation_compute_tolerance_percent,
+                confirm_s=s.violation_compute_confirm_s,
+            ),
             # hooks report every 250 ms; a figure older than a few samples says nothing
             report_fresh_s=max(2.0, 4 * s.usage_interval_s),
             proc_root=Path(s.proc_root),
@@ -334,7 +339,9 @@ class NodeAgent:
         async def on_sample(gpus: list[GpuUsage], processes: list[GpuProcess]) -> None:
             assigned = attributor.assign(processes, relay.peers(), relay.containers)
             relay.observe(gpus, figures_of(assigned))
-            await verifier.check(relay.containers, assigned, relay.claims)
+            await verifier.check(
+                relay.containers, assigned, relay.claims, {g.uuid: g.sm_util_percent for g in gpus}
+            )
             for container in relay.containers:
                 relay.set_flags(container.key, verifier.flags(container.key))
 

@@ -147,6 +147,13 @@ class NodeAgentSettings(msgspec.Struct, kw_only=True, frozen=True):
     # may not charge); 0 = the limit file's context_overhead_mib.
     violation_tolerance_mib: int = 0
     violation_confirm_s: float = 1.0  # a finding must hold this long (and 2 samples) to count
+    # Compute from outside: a container whose processes take more SM time than its cores share
+    # plus this many points of the GPU, for violation_compute_confirm_s, while something else
+    # wants the GPU (always, with compute_policy hard), is reported as over_compute.
+    violation_compute_tolerance_percent: float = 10.0
+    # Longer than the memory check's: SM samples are averages over a window, and the hook's
+    # work conservation takes up to ~3 s to hand the share back when another tenant starts.
+    violation_compute_confirm_s: float = 6.0
     otlp_endpoint: str = ""
     log_level: str = "info"
 
@@ -213,6 +220,16 @@ def check_settings(settings: NodeAgentSettings) -> None:
         raise ValueError(
             "violation_tolerance_percent and violation_tolerance_mib must not be negative, got "
             f"{settings.violation_tolerance_percent} and {settings.violation_tolerance_mib}"
+        )
+    if not 0 <= settings.violation_compute_tolerance_percent <= 100:
+        raise ValueError(
+            "violation_compute_tolerance_percent must be within 0..100 (points of the GPU), "
+            f"got {settings.violation_compute_tolerance_percent}"
+        )
+    if settings.violation_compute_confirm_s < 0:
+        raise ValueError(
+            "violation_compute_confirm_s must not be negative, got "
+            f"{settings.violation_compute_confirm_s}"
         )
     if settings.violation_confirm_s < 0:
         raise ValueError(

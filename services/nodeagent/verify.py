@@ -16,6 +16,14 @@ process_map.py) and checks:
   hooks' latest `usage` (the container's total) is below the measured figure by more than
   the tolerance.
 
+- **over_compute**: the SM share NVML samples for the container's processes is above its
+  cores share plus `ComputeCheck.tolerance_percent` points while something else wants the GPU
+  (the GPU's utilisation beyond the container's own is over CONTENDED_PERCENT, the rule the
+  hook's work conservation follows), or at any time with compute policy `hard`. It is what a
+  program launching behind the limiter's back (no preload, direct driver calls, a rewritten
+  clock) shows. Reported only, never killed: compute taken cannot be handed back, and the
+  honest tenants meanwhile still get their GPU time from the hardware's time-slicing.
+
 A finding counts once it has held for `confirm_s` and at least two samples (NVML and the
 hooks' reports are not taken at the same instant); a `hello` that lies counts at once. Each
 new finding is published on `vgpu.v1.violation.<node>` (SliceViolation), logged with
@@ -55,6 +63,9 @@ _tracer = tracer("vgpu.nodeagent")
 
 ACTIONS = ("report", "kill")
 MIN_SAMPLES = 2
+# The GPU's utilisation beyond a container's own above which others want the GPU (the hook's
+# work conservation uses the same 5 points: libvgpu-hook/README.md, "Compute limiter").
+CONTENDED_PERCENT = 5.0
 
 VIOLATION = Gauge(
     "vgpu_nodeagent_slice_violation",
@@ -70,6 +81,11 @@ MEASURED = Gauge(
 EXCESS = Gauge(
     "vgpu_nodeagent_slice_excess_mib",
     "Device memory NVML shows for a container beyond its slice (0 when within)",
+    ["node", "namespace", "pod", "container", "gpu"],
+)
+MEASURED_SM = Gauge(
+    "vgpu_nodeagent_container_measured_sm_percent",
+    "SM share NVML samples for a container's processes on a GPU (percent of the GPU)",
     ["node", "namespace", "pod", "container", "gpu"],
 )
 VIOLATIONS = Counter(
@@ -117,10 +133,27 @@ class _Finding:
         return ended
 
 
+@dataclass(frozen=True)
+class ComputeCheck:
+    """How the SM share is judged: `policy` is the hook's compute policy (share: over-use
+    counts only while others want the GPU; hard: always; off: never checked)."""
+
+    policy: str = "share"
+    tolerance_percent: float = 10.0  # points of the GPU above the cores share
+    confirm_s: float = 6.0
+
+    def over(self, cores: int, own: float, gpu_total: float) -> bool:
+        if cores <= 0 or self.policy == "off" or own < 0:
+            return False
+        contended = self.policy == "hard" or gpu_total - own > CONTENDED_PERCENT
+        return contended and own > cores + self.tolerance_percent
+
+
 @dataclass
 class _Device:
     over: _Finding = field(default_factory=_Finding)
     disagree: _Finding = field(default_factory=_Finding)
+    compute: _Finding = field(default_factory=_Finding)
     hello_lies: set[int | None] = field(default_factory=set)  # peers already reported
     labels: tuple[str, ...] = ()
 
@@ -135,6 +168,7 @@ class Verifier:
         tolerance_percent: float = 5.0,
         tolerance_mib: int = 0,
         confirm_s: float = 1.0,
+        compute: ComputeCheck | None = None,
         report_fresh_s: float = 2.0,
         proc_root: Path = Path("/proc"),
         clock: Callable[[], float] = time.monotonic,
@@ -148,6 +182,7 @@ class Verifier:
         self._percent = tolerance_percent
         self._per_process = tolerance_mib
         self._confirm_s = confirm_s
+        self._compute = compute or ComputeCheck()
         self._fresh_s = report_fresh_s
         self._proc = proc_root
         self._clock = clock
@@ -167,6 +202,8 @@ class Verifier:
                      if f.active]  # fmt: skip
             if device.hello_lies and "tampering" not in kinds:
                 kinds.append("tampering")
+            if device.compute.active:
+                kinds.append("over_compute")
             if owner == key and kinds:
                 found[uuid] = ",".join(kinds)
         return found
@@ -176,9 +213,9 @@ class Verifier:
         for owner, uuid in [k for k in self._devices if k[0] == key]:
             device = self._devices.pop((owner, uuid))
             if device.labels:
-                for gauge in (MEASURED, EXCESS):
+                for gauge in (MEASURED, EXCESS, MEASURED_SM):
                     _remove(gauge, device.labels)
-                for kind in ("over_limit", "tampering"):
+                for kind in ("over_limit", "tampering", "over_compute"):
                     _remove(VIOLATION, (*device.labels, kind))
 
     async def check(
@@ -186,8 +223,11 @@ class Verifier:
         containers: list[ResolvedContainer],
         assigned: ContainerProcesses,
         claims: Callable[[str], HookClaims | None],
+        gpu_sm: dict[str, float] | None = None,
     ) -> list[SliceViolation]:
-        """One NVML sample: check every container; the new findings (already published)."""
+        """One NVML sample: check every container; the new findings (already published).
+        `gpu_sm` is each GPU's SM utilisation in the sample (uuid -> percent); without it
+        compute is not judged."""
         now = self._clock()
         found: list[SliceViolation] = []
         live = set()
@@ -197,6 +237,7 @@ class Verifier:
                 live.add((container.key, limit.uuid))
                 processes = assigned.get(container.key, {}).get(limit.uuid, [])
                 found += self._check_device(container, ordinal, limit, processes, hooks, now)
+                found += self._check_compute(container, limit, processes, gpu_sm, now)
         for key in {owner for owner, uuid in self._devices if (owner, uuid) not in live}:
             self.forget(key)
         for violation in found:
@@ -272,6 +313,48 @@ class Verifier:
             self._log_cleared(container, limit, "tampering", measured)
         tampering = device.disagree.active or bool(device.hello_lies)
         VIOLATION.labels(*labels, "tampering").set(1 if tampering else 0)
+        return found
+
+    def _check_compute(
+        self,
+        container: ResolvedContainer,
+        limit: DeviceLimit,
+        processes: list[GpuProcess],
+        gpu_sm: dict[str, float] | None,
+        now: float,
+    ) -> list[SliceViolation]:
+        device = self._devices[(container.key, limit.uuid)]
+        sampled = [p.sm_util_percent for p in processes if p.sm_util_percent >= 0]
+        own = round(sum(sampled), 2) if sampled else -1.0
+        total = (gpu_sm or {}).get(limit.uuid, -1.0)
+        if own >= 0:
+            MEASURED_SM.labels(*device.labels).set(own)
+        over = total >= 0 and self._compute.over(limit.cores, own, total)
+        found: list[SliceViolation] = []
+        if over and device.compute.hold(now, self._compute.confirm_s):
+            if not device.compute.active:
+                device.compute.active = True
+                others = round(max(0.0, total - own), 2)
+                why = "compute policy hard" if self._compute.policy == "hard" else (
+                    f"while the rest of the GPU is {others}% busy"
+                )  # fmt: skip
+                reason = (
+                    f"NVML shows the container's processes on the GPU at {own}% SM, over its "
+                    f"cores share of {limit.cores}% + {self._compute.tolerance_percent:g} "
+                    f"points, {why}: a process launches behind the hook's limiter"
+                )
+                found.append(SliceViolation(
+                    node=self._node, namespace=container.limits.namespace,
+                    pod=container.limits.pod, container=container.limits.container,
+                    gpu=limit.uuid, kind="over_compute", reason=reason,
+                    limit_mib=limit.memory_limit_mib,
+                    measured_mib=sum(p.memory_used_mib for p in processes), tolerance_mib=0,
+                    pids=sorted(p.pid for p in processes), cores_limit=limit.cores,
+                    measured_sm_percent=own, others_sm_percent=others,
+                ))  # fmt: skip
+        elif not over and device.compute.clear():
+            self._log_cleared(container, limit, "over_compute", own)
+        VIOLATION.labels(*device.labels, "over_compute").set(1 if device.compute.active else 0)
         return found
 
     def _reported(self, hooks: HookClaims | None, ordinal: int, now: float) -> int | None:
@@ -364,11 +447,12 @@ class Verifier:
         }
 
     def _log_cleared(
-        self, container: ResolvedContainer, limit: DeviceLimit, kind: str, measured: int
+        self, container: ResolvedContainer, limit: DeviceLimit, kind: str, measured: float
     ) -> None:
+        figure = "measured_sm_percent" if kind == "over_compute" else "measured_mib"
         log.info(
             "slice violation ended",
-            extra=self._fields(container, limit, kind=kind, measured_mib=measured),
+            extra=self._fields(container, limit, kind=kind, **{figure: measured}),
         )
 
     async def _publish(self, violation: SliceViolation) -> None:

@@ -72,8 +72,10 @@ async def inbox(bus: Bus) -> Inbox:
     return received
 
 
-def pod(name: str) -> dict[str, Any]:
-    limits = {RESOURCE: "1", "nvidia.com/gpumem": str(SLICE_MIB), "nvidia.com/gpucores": "50"}
+def pod(name: str, cores: int = 50) -> dict[str, Any]:
+    limits = {
+        RESOURCE: "1", "nvidia.com/gpumem": str(SLICE_MIB), "nvidia.com/gpucores": str(cores),
+    }  # fmt: skip
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -87,16 +89,17 @@ def pod(name: str) -> dict[str, Any]:
 
 @asynccontextmanager
 async def placed(
-    nats_url: str, allocator: Allocator, dirs: NodeDirs, **settings: Any
+    nats_url: str, allocator: Allocator, dirs: NodeDirs, cores: int = 50, **settings: Any
 ) -> AsyncIterator[tuple[KubeletSimulator, NodeAgent, Path, str]]:
     """A node whose agent sees the simulated driver, and one pod placed on it by the real
-    allocator: (kubelet, agent, the container's directory, its GPU's uuid)."""
+    allocator with `cores` percent of its GPU: (kubelet, agent, the container's directory,
+    its GPU's uuid)."""
     sim = dirs.root / "sim"
     async with running_node(
         nats_url, dirs, simulate_driver_dir=str(sim), **{**FAST, **settings}
     ) as (kubelet, agent):
         await wait_until(lambda: allocator.cluster.node(NODE) is not None, 10, "allocator")
-        spec = pod("train")
+        spec = pod("train", cores)
         backend = allocator.backend
         assert isinstance(backend, LocalClusterBackend)
         backend.add_pod(spec)
@@ -281,6 +284,107 @@ async def test_on_violation_kill_kills_the_newest_process_until_within(
                 "vgpu_nodeagent_violation_kills_total", {"node": NODE}
             )
             assert killed_total is not None and killed_total >= 1
+
+
+CORES = 20
+KERNEL_GRID = 5000  # 5 ms kernels on the simulated GPU
+
+
+def busy_program(seconds: float, *, hooked: bool) -> str:
+    """A container command that keeps the GPU busy for `seconds` (asynchronous launches),
+    through the hook or behind its back."""
+    preload = "" if hooked else "LD_PRELOAD= "
+    argv = f"{tool('launch_load')} {seconds} {KERNEL_GRID} kernel link 0"
+    return f"sh -c 'echo holding; exec {argv}'" if hooked else (
+        f"{preload}sh -c 'echo holding; exec {argv}'"
+    )  # fmt: skip
+
+
+@contextmanager
+def host_tenant(sim: Path, uuid: str, seconds: float) -> Iterator[subprocess.Popen[str]]:
+    """Another user of the same GPU, outside any container: it wants the whole GPU."""
+    env = hook_env(sim, sim, hook=False, VGPU_SIM_UUIDS=uuid, VGPU_SIM_PRIVATE_MEMORY="1")
+    argv = [tool("launch_load"), str(seconds), str(KERNEL_GRID), "kernel", "link", "0"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+COMPUTE_FAST = {"violation_compute_confirm_s": 1.0}
+
+
+@needs_namespaces
+async def test_a_program_that_launches_behind_the_limiter_is_reported_over_compute(
+    build: Path,  # noqa: F811
+    nats_server: EmbeddedNats,
+    allocator: Allocator,
+    dirs: NodeDirs,
+    inbox: Inbox,
+) -> None:
+    sim = dirs.root / "sim"
+    async with placed(nats_server.url, allocator, dirs, CORES, **COMPUTE_FAST) as (
+        _, agent, directory, uuid,
+    ):  # fmt: skip
+        with (
+            host_tenant(sim, uuid, 30),
+            # A hooked process beside it says hello: the agent then knows the container's PID
+            # namespace (no cgroups here to attribute the bypass by; a cluster has them).
+            in_container(directory, sim, uuid, HONEST, busy_program(30, hooked=False)) as (proc, _),
+        ):
+            found = (await wait_until(lambda: inbox.of("over_compute"), 20, "over_compute"))[0]
+            assert (found.namespace, found.pod, found.container, found.gpu) == (
+                "ml", "train", "main", uuid,
+            )  # fmt: skip
+            assert found.cores_limit == CORES and found.action == "report"
+            assert found.measured_sm_percent > CORES + 10, found
+            assert found.others_sm_percent > 5, found  # the host tenant wanted the GPU
+            assert len(found.pids) == 2
+            assert agent.verifier.flags(directory.name) == {uuid: "over_compute"}
+            assert gauge("vgpu_nodeagent_slice_violation", "over_compute", gpu=uuid) == 1
+            flagged = await wait_until(
+                lambda: [u for u in inbox.usage if "over_compute" in u.devices[0].violation],
+                10,
+                "the flag in the container's usage",
+            )
+            assert flagged[-1].devices[0].violation == "over_compute"
+            assert inbox.of("over_limit") == []  # it took no memory beyond its slice
+            assert proc.poll() is None  # reported, never killed
+            proc.kill()
+
+
+@needs_namespaces
+async def test_a_program_held_to_its_share_by_the_hook_is_no_compute_violation(
+    build: Path,  # noqa: F811
+    nats_server: EmbeddedNats,
+    allocator: Allocator,
+    dirs: NodeDirs,
+    inbox: Inbox,
+) -> None:
+    sim = dirs.root / "sim"
+    async with placed(nats_server.url, allocator, dirs, CORES, **COMPUTE_FAST) as (
+        _, _agent, directory, uuid,
+    ):  # fmt: skip
+        with (
+            host_tenant(sim, uuid, 30),
+            in_container(directory, sim, uuid, busy_program(30, hooked=True)) as (proc, _),
+        ):
+
+            def sampled() -> list[float]:
+                """The agent's NVML share of the container in each usage it published."""
+                found = [u.devices[0].sm_util_percent for u in measured(inbox)]
+                return [share for share in found if share > 0][5:]
+
+            await wait_until(sampled, 20, "several SM samples of the container")
+            await asyncio.sleep(3.0)  # three confirmation times past the first samples
+            shares = sampled()
+            assert inbox.of("over_compute") == [], shares
+            assert gauge("vgpu_nodeagent_slice_violation", "over_compute", gpu=uuid) == 0
+            # It did run, held near its share (the limiter's own accuracy: within 5 points).
+            assert 0 < sum(shares[-5:]) / 5 <= CORES + 10, shares
+            proc.kill()
 
 
 @needs_namespaces

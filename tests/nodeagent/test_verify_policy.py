@@ -18,7 +18,7 @@ from services.nodeagent.gpus.backend import GpuProcess
 from services.nodeagent.limits_file import ContainerLimits, DeviceLimit
 from services.nodeagent.relay import HookClaims
 from services.nodeagent.relay_protocol import Hello, HelloDevice
-from services.nodeagent.verify import Verifier
+from services.nodeagent.verify import ComputeCheck, Verifier
 from tests.nodeagent.harness import wait_until
 
 GPU = "GPU-0"
@@ -149,3 +149,67 @@ async def test_what_a_hook_claims_is_checked_against_the_agents_records(bus: Bus
     (found,) = await verifier.check([container()], running, lambda key: claims)
     assert found.kind == "tampering" and "40960 MiB and 100% cores" in found.reason
     assert verifier.flags(KEY) == {GPU: "tampering"}
+
+
+def busy(sm: float, memory_mib: int = 500) -> dict[str, dict[str, list[GpuProcess]]]:
+    """The container's two processes on the GPU, taking `sm` percent of it between them."""
+    return {KEY: {GPU: [
+        GpuProcess(pid=4242, uuid=GPU, memory_used_mib=memory_mib, sm_util_percent=sm / 2),
+        GpuProcess(pid=4243, uuid=GPU, memory_used_mib=0, sm_util_percent=sm / 2),
+    ]}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("policy", "own", "gpu_total", "over"),
+    [
+        ("share", 80.0, 100.0, True),  # 80 % of a GPU others want, on a 50 % share
+        ("share", 60.0, 100.0, False),  # within the 10-point tolerance
+        ("share", 95.0, 97.0, False),  # nobody else wants the GPU: work conservation
+        ("hard", 95.0, 95.0, True),  # hard holds the share even on an idle GPU
+        ("off", 100.0, 100.0, False),  # no compute limit to break
+    ],
+)
+async def test_compute_over_the_share_counts_only_while_others_want_the_gpu(
+    bus: Bus, policy: str, own: float, gpu_total: float, over: bool
+) -> None:
+    clock = Clock()
+    rule = ComputeCheck(policy=policy, tolerance_percent=10.0, confirm_s=6.0)
+    verifier = Verifier(node_name="n", bus=bus, clock=clock, compute=rule)
+    found = []
+    for _ in range(4):  # 0, 2, 4, 6 s: long enough to confirm
+        found += await verifier.check([container()], busy(own), no_hooks, {GPU: gpu_total})
+        clock.now += 2.0
+    assert [v.kind for v in found] == (["over_compute"] if over else [])
+    if over:
+        (finding,) = found
+        assert (finding.cores_limit, finding.measured_sm_percent, finding.pids) == (
+            50, own, [4242, 4243],
+        )  # fmt: skip
+        assert finding.others_sm_percent == round(gpu_total - own, 2)
+        assert f"at {own}% SM, over its cores share of 50% + 10 points" in finding.reason
+        assert verifier.flags(KEY) == {GPU: "over_compute"}
+    else:
+        assert verifier.flags(KEY) == {}
+
+
+async def test_a_compute_finding_needs_its_own_longer_confirmation_and_ends(bus: Bus) -> None:
+    received = await events(bus)
+    clock = Clock()
+    verifier = Verifier(node_name="n", bus=bus, clock=clock, compute=ComputeCheck(confirm_s=6.0))
+    assert await verifier.check([container()], busy(90), no_hooks, {GPU: 100.0}) == []
+    clock.now += 4.0  # a handover of the share takes the hook up to ~3 s: not yet a finding
+    assert await verifier.check([container()], busy(90), no_hooks, {GPU: 100.0}) == []
+    clock.now += 2.5
+    (found,) = await verifier.check([container()], busy(90), no_hooks, {GPU: 100.0})
+    assert found.kind == "over_compute" and found.action == "report"
+    clock.now += 2.0
+    assert await verifier.check([container()], busy(90), no_hooks, {GPU: 100.0}) == []
+    # Unsampled processes (-1) or an unknown GPU figure judge nothing: the finding ends.
+    await verifier.check([container()], busy(-2), no_hooks, {GPU: 100.0})
+    assert verifier.flags(KEY) == {}
+    # Without GPU figures (an older caller) compute is not judged at all.
+    for _ in range(5):
+        clock.now += 2.0
+        assert await verifier.check([container()], busy(90), no_hooks) == []
+    await wait_until(lambda: received, 10, "the event over NATS")
+    assert [v.kind for v in received] == ["over_compute"]

@@ -21,7 +21,8 @@ VERSION = 1
 HEADER_BYTES = 64
 SLOT_BYTES = 64
 _HEADER = struct.Struct("<QII")
-_SLOT = struct.Struct("<QiIQQ")  # used bytes, pid (own namespace), 0, pid-ns inode, start
+# used bytes, pid (own namespace), 0, pid-ns inode, start, GPU time of its kernels (ns)
+_SLOT = struct.Struct("<QiIQQQ")
 _FLOCK = struct.Struct("@hhqqi4x")  # struct flock on 64-bit Linux
 _F_WRLCK = fcntl.F_WRLCK
 _F_UNLCK = fcntl.F_UNLCK
@@ -31,6 +32,8 @@ _F_UNLCK = fcntl.F_UNLCK
 class DriverProcess:
     pid: int  # as this process's PID namespace sees it (host PID for the agent)
     used_bytes: int
+    slot: int = -1  # its slot in the table: with pid, names one process's GPU-time counter
+    busy_ns: int = 0  # GPU time of the kernels it queued, since it took the slot
 
 
 def table_path(state_dir: Path, gpu_uuid: str) -> Path:
@@ -63,13 +66,13 @@ def live_processes(state_dir: Path, gpu_uuid: str) -> list[DriverProcess]:
         found: list[DriverProcess] = []
         for index in range(min(slots, (len(data) - HEADER_BYTES) // SLOT_BYTES)):
             offset = HEADER_BYTES + index * SLOT_BYTES
-            _, own_pid, _, _, _ = _SLOT.unpack_from(data, offset)
+            _, own_pid, _, _, _, _ = _SLOT.unpack_from(data, offset)
             if own_pid == 0:
                 continue  # never taken
             pid = _holder(fd, offset)
             if pid:  # read after the lock check: a new owner zeroes what a dead one left
-                (used,) = struct.unpack("<Q", os.pread(fd, 8, offset))
-                found.append(DriverProcess(pid=pid, used_bytes=used))
+                used, _, _, _, _, busy = _SLOT.unpack(os.pread(fd, _SLOT.size, offset))
+                found.append(DriverProcess(pid=pid, used_bytes=used, slot=index, busy_ns=busy))
         return found
     finally:
         # Safe: this process never holds locks on the table (only the driver's users do).

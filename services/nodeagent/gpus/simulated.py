@@ -15,7 +15,10 @@ Real programs on the simulated CUDA driver (libvgpu-hook/sim) show too: given th
 state directory (`driver_state_dir`, the VGPU_SIM_STATE_DIR of the node's containers, whose
 VGPU_SIM_UUIDS are these GPUs' UUIDs), every live process the driver gave memory or a context
 is listed with its host PID and what it really holds (`sim_driver.py`), hook or no hook, as
-NVML lists processes on hardware, and its memory counts in the GPU's used memory.
+NVML lists processes on hardware, and its memory counts in the GPU's used memory. Each also
+shows its SM share between two samples (the GPU time of the kernels it queued over the wall
+time, as NVML's per-process utilisation samples), and a GPU with live driver processes reports
+their figures instead of the synthetic load: what runs there is measured, not made up.
 
 Faults for demos and tests: `inject_xid` (goes through the same health policy as NVML's XID
 events), `remove_gpu` (the GPU stops answering) and `set_healthy` (a GPU's or a MIG device's UUID).
@@ -172,6 +175,35 @@ def slice_load(key: str, memory_limit_mib: int, cores: int, now: float) -> Slice
     )
 
 
+class _BusyRates:
+    """Each driver process's SM share between two looks: its GPU time over the wall time,
+    as NVML's per-process utilisation samples measure it on hardware (-1 at first sight).
+    Looks closer together than MIN_WINDOW_S (usage() and processes() of one sample) give
+    the previous figure, so a sample is never judged on a few microseconds."""
+
+    MIN_WINDOW_S = 0.05
+
+    def __init__(self) -> None:
+        # (gpu, pid, slot) -> (busy ns, when, share then)
+        self._seen: dict[tuple[str, int, int], tuple[int, float, float]] = {}
+
+    def share(self, gpu_uuid: str, process: sim_driver.DriverProcess, now: float) -> float:
+        key = (gpu_uuid, process.pid, process.slot)
+        before = self._seen.get(key)
+        if before is None or process.busy_ns < before[0]:  # new, or its slot was retaken
+            self._seen[key] = (process.busy_ns, now, -1.0)
+            return -1.0
+        busy, when, last = before
+        if now - when < self.MIN_WINDOW_S:
+            return last
+        share = round(min(100.0, (process.busy_ns - busy) / 1e9 / (now - when) * 100), 2)
+        self._seen[key] = (process.busy_ns, now, share)
+        return share
+
+    def forget_except(self, live: set[tuple[str, int]]) -> None:
+        self._seen = {k: v for k, v in self._seen.items() if (k[0], k[1]) in live}
+
+
 class SimulatedGpuBackend:
     """A GpuBackend over simulated GPUs, with load from attached slices (a LoadSink) and
     faults under the caller's control."""
@@ -208,6 +240,7 @@ class SimulatedGpuBackend:
         self._slices: dict[tuple[str, str], _Slice] = {}
         self._events: queue.Queue[HealthEvent] = queue.Queue()
         self._removed: set[str] = set()
+        self._busy = _BusyRates()
         self._mig = SimulatedMig()
         for device in self._devices:
             self._mig.add_gpu(device.uuid, device.model, device.sm_count)
@@ -328,18 +361,26 @@ class SimulatedGpuBackend:
         """Container `key` is gone: its slices stop loading their GPUs."""
         self._slices = {k: held for k, held in self._slices.items() if held.key != key}
 
-    def _loads(self, now: float) -> list[tuple[_Slice, SliceLoad]]:
-        """Every attached slice on a GPU that reports synthetic load (not pinned or removed)."""
+    def _loads(
+        self, now: float, measured: list[GpuProcess] | None = None
+    ) -> list[tuple[_Slice, SliceLoad]]:
+        """Every attached slice on a GPU that reports synthetic load (not pinned or removed,
+        and no real program on it among `measured`, the driver's processes)."""
+        real = {process.uuid for process in measured or []}
         return [
             (held, slice_load(held.key, held.memory_limit_mib, held.cores, now))
             for held in self._slices.values()
-            if held.gpu_uuid not in self._pinned and held.gpu_uuid not in self._removed
+            if held.gpu_uuid not in self._pinned
+            and held.gpu_uuid not in self._removed
+            and held.gpu_uuid not in real
         ]
 
     def _driver_processes(self) -> list[GpuProcess]:
-        """What the simulated CUDA driver's live processes hold on these GPUs."""
+        """What the simulated CUDA driver's live processes hold on these GPUs, and their SM
+        share since the previous look."""
         if self._driver_dir is None:
             return []
+        now = time.monotonic()
         found: list[GpuProcess] = []
         for device in self._devices:
             if device.uuid in self._removed:
@@ -353,14 +394,21 @@ class SimulatedGpuBackend:
                 )
                 continue
             found += [
-                GpuProcess(pid=p.pid, uuid=device.uuid, memory_used_mib=p.used_bytes // MIB)
+                GpuProcess(
+                    pid=p.pid,
+                    uuid=device.uuid,
+                    memory_used_mib=p.used_bytes // MIB,
+                    sm_util_percent=self._busy.share(device.uuid, p, now),
+                )
                 for p in live
             ]
+        self._busy.forget_except({(process.uuid, process.pid) for process in found})
         return found
 
     def processes(self) -> list[GpuProcess]:
         """Processes added by hand, the simulated driver's, then one per attached slice
         (pid `simulated_pid(key)`)."""
+        measured = self._driver_processes()
         synthetic = [
             GpuProcess(
                 pid=simulated_pid(held.key),
@@ -368,20 +416,26 @@ class SimulatedGpuBackend:
                 memory_used_mib=load.memory_used_mib,
                 sm_util_percent=load.sm_util_percent,
             )
-            for held, load in self._loads(self._clock())
+            for held, load in self._loads(self._clock(), measured)
         ]
-        return list(self._processes.values()) + self._driver_processes() + synthetic
+        return list(self._processes.values()) + measured + synthetic
 
     def usage(self) -> list[GpuUsage]:
         """Per GPU, the sum of its attached slices' synthetic load, clamped at the card's
-        memory and 100 %; zero without slices. Pinned GPUs report their pinned figures;
-        removed ones report nothing."""
+        memory and 100 %; zero without slices. A GPU the simulated driver's processes use
+        reports theirs instead. Pinned GPUs report their pinned figures; removed ones report
+        nothing."""
+        measured = self._driver_processes()
         by_gpu: dict[str, list[SliceLoad]] = {}
-        for held, load in self._loads(self._clock()):
+        for held, load in self._loads(self._clock(), measured):
             by_gpu.setdefault(held.gpu_uuid, []).append(load)
         real: dict[str, int] = {}
-        for process in self._driver_processes():
+        real_sm: dict[str, float] = {}
+        for process in measured:
             real[process.uuid] = real.get(process.uuid, 0) + process.memory_used_mib
+            real_sm[process.uuid] = real_sm.get(process.uuid, 0.0) + max(
+                process.sm_util_percent, 0.0
+            )
         found: list[GpuUsage] = []
         for device in self._devices:
             if device.uuid in self._removed:
@@ -392,8 +446,10 @@ class SimulatedGpuBackend:
                 continue
             loads = by_gpu.get(device.uuid, [])
             memory = sum(load.memory_used_mib for load in loads) + real.get(device.uuid, 0)
-            sm = sum(load.sm_util_percent for load in loads)
+            sm = sum(load.sm_util_percent for load in loads) + real_sm.get(device.uuid, 0.0)
             memory_util = sum(load.memory_util_percent for load in loads)
+            if device.uuid in real_sm:
+                memory_util = sm * MEMORY_UTIL_PER_SM
             found.append(
                 GpuUsage(
                     uuid=device.uuid,
