@@ -120,6 +120,12 @@ def least_allocated(node: NodeInfo, demand: PodDemand) -> int:
     return sum(scores) // len(scores) if scores else 0
 
 
+def balanced_allocation_skipped(demand: PodDemand) -> bool:
+    """NodeResourcesBalancedAllocation's PreScore returns Skip (the plugin scores no node this
+    cycle) for a pod that requests neither cpu nor memory (v1.33+, issue #129138)."""
+    return not demand.requests.get(CPU) and not demand.requests.get(MEMORY)
+
+
 def balanced_allocation(node: NodeInfo, demand: PodDemand) -> int:
     """NodeResourcesBalancedAllocation over cpu and memory (actual requests)."""
     fractions = []

@@ -471,9 +471,10 @@ class KubeSchedulerEmulation:
         if len(names) == 1:
             chosen = names[0]
         else:
+            balanced = not kube_scoring.balanced_allocation_skipped(demand)
             totals = {
                 n: kube_scoring.least_allocated(by_name[n], demand)
-                + kube_scoring.balanced_allocation(by_name[n], demand)
+                + (kube_scoring.balanced_allocation(by_name[n], demand) if balanced else 0)
                 for n in names
             }
             for extender, caller in interested:
