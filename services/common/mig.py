@@ -14,6 +14,7 @@ NVML_ERROR_INSUFFICIENT_RESOURCES). Figures: NVIDIA's MIG user guide and go-nvml
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -96,13 +97,39 @@ class PlacedGi(NamedTuple):
     placement: Placement
 
 
+# NVML's product names (nvmlDeviceGetName) of the listed parts, beyond the simulated names:
+# "NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB", "NVIDIA A100 80GB PCIe",
+# "NVIDIA H100 80GB HBM3". A part whose name states no memory is listed here by name.
+_PRODUCT = re.compile(r"^(?:NVIDIA\s+)?(?P<family>A100|H100)\b(?P<rest>.*)$")
+_MEMORY = re.compile(r"\b(?P<gb>\d+)\s*GB\b")
+_UNSIZED = {"H100 PCIE": "H100-80GB"}
+
+
+def table_model(model: str) -> str:
+    """The key of PROFILES for a simulated model name or an NVML product name; "" when the
+    model has no profile table here (a GPU without MIG, or a MIG part not listed, such as
+    the 94 GB H100 NVL)."""
+    key = model.strip().upper()
+    if key in PROFILES:
+        return key
+    matched = _PRODUCT.match(key)
+    if matched is None:
+        return ""
+    memory = _MEMORY.search(matched["rest"])
+    if memory is None:
+        bare = key.removeprefix("NVIDIA").strip()
+        return _UNSIZED.get(bare, "")
+    candidate = f"{matched['family']}-{memory['gb']}GB"
+    return candidate if candidate in PROFILES else ""
+
+
 def mig_capable(model: str) -> bool:
-    return model.upper() in PROFILES
+    return bool(table_model(model))
 
 
 def profiles_for(model: str) -> tuple[GiProfile, ...]:
     """The model's GI profiles; empty for a GPU without MIG."""
-    return PROFILES.get(model.upper(), ())
+    return PROFILES.get(table_model(model), ())
 
 
 def profile_named(model: str, name: str) -> GiProfile:

@@ -275,14 +275,26 @@ class DynamicMig:
 
 
 def enable_mig_mode(backend: MigControl, gpus: list[GpuDevice]) -> list[str]:
-    """MIG mode on for every dynamic-MIG GPU still in whole-GPU mode; their UUIDs. (On real
-    GPUs the mode takes effect after a GPU reset, which the operator does, as for static MIG.)"""
+    """MIG mode on for every dynamic-MIG GPU still in whole-GPU mode; their UUIDs. (On a real
+    GPU the driver resets it to apply the mode when it can; where it cannot, processes on it
+    or a VM, the mode waits for a reset the operator does, as for static MIG: hold_pending.)"""
     enabled = []
     for gpu in gpus:
         if gpu.mig_dynamic and not gpu.mig_mode:
             backend.set_mig_mode(gpu.uuid, True)
             enabled.append(gpu.uuid)
     return enabled
+
+
+def hold_pending(gpus: list[GpuDevice]) -> list[GpuDevice]:
+    """Dynamic-MIG GPUs whose MIG mode is not on yet (a GPU reset pending) shown unhealthy,
+    so nothing is placed on or allocated from them until the mode takes effect."""
+    return [
+        msgspec.structs.replace(gpu, healthy=False)
+        if gpu.mig_dynamic and not gpu.mig_mode and gpu.healthy
+        else gpu
+        for gpu in gpus
+    ]
 
 
 def with_mig_devices(grant: ContainerGrant, mig_of: dict[str, str]) -> ContainerGrant:

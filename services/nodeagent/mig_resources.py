@@ -20,6 +20,7 @@ import msgspec
 
 from services.common import mig
 from services.common.schemas import GpuDevice, MigDevice
+from services.nodeagent.labels import label_value
 
 
 class MigStrategyError(ValueError):
@@ -138,13 +139,17 @@ def mig_labels(gpus: list[GpuDevice], strategy: str) -> dict[str, str]:
             entries = mig_resources(gpus, strategy, "nvidia.com/gpu")["nvidia.com/gpu"]
         except MigStrategyError:
             labels.update(
-                {"nvidia.com/gpu.product": f"{model}-MIG-INVALID", "nvidia.com/gpu.count": "0"}
+                {
+                    "nvidia.com/gpu.product": label_value(f"{model}-MIG-INVALID"),
+                    "nvidia.com/gpu.count": "0",
+                }
             )
             return labels
         first = entries[0].device
         labels.update(
             {
-                "nvidia.com/gpu.product": f"{model}-MIG-{first.profile}",
+                # NVML's names have spaces ("NVIDIA A100-SXM4-40GB"): label-safe, as GFD
+                "nvidia.com/gpu.product": label_value(f"{model}-MIG-{first.profile}"),
                 "nvidia.com/gpu.count": str(len(entries)),
                 "nvidia.com/gpu.memory": str(first.memory_mib),
             }

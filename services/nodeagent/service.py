@@ -25,7 +25,7 @@ from services.nodeagent.container_files import config_dir
 from services.nodeagent.containers import ContainerRecords, ResolvedContainer
 from services.nodeagent.context_overhead import container_overhead, parse_overheads
 from services.nodeagent.device_watch import DeviceWatcher
-from services.nodeagent.dynamic_mig import DynamicMig, enable_mig_mode
+from services.nodeagent.dynamic_mig import DynamicMig, enable_mig_mode, hold_pending
 from services.nodeagent.gpus import GpuBackend, GpuProcess, NvmlInitError, backend_for
 from services.nodeagent.gpus.backend import LoadSink, MigControl
 from services.nodeagent.gpus.none import NoGpuBackend
@@ -211,7 +211,7 @@ class NodeAgent:
 
         def view(gpus: list[GpuDevice]) -> list[GpuDevice]:
             marked = marks.apply(gpus)
-            return mark_dynamic(marked, dynamic) if s.mig_dynamic else marked
+            return hold_pending(mark_dynamic(marked, dynamic)) if s.mig_dynamic else marked
 
         if s.mig_dynamic:
             if not isinstance(backend, MigControl):
@@ -227,6 +227,13 @@ class NodeAgent:
                     "MIG mode enabled for dynamic MIG",
                     extra={"node": s.node_name, "gpus": enabled},
                 )
+            for gpu in await asyncio.to_thread(lambda: view(backend.devices())):
+                if gpu.mig_dynamic and not gpu.mig_mode:
+                    log.warning(
+                        "dynamic MIG GPU waits for a GPU reset to turn MIG mode on; it is "
+                        "advertised unhealthy until then",
+                        extra={"node": s.node_name, "gpu": gpu.uuid, "reason": "reset pending"},
+                    )
         first = await asyncio.to_thread(lambda: view(backend.devices()))
         if not first and not self.idle_reason:
             # As 4paradigm's plugin: no GPU is an init error (exit, so the DaemonSet's pod

@@ -68,10 +68,20 @@ class LoadSink(Protocol):
         ...
 
 
+class MigError(ValueError):
+    """A refused MIG call, with the message naming why; `code` is the NVML error it stands
+    for: not_supported | invalid_argument | insufficient_resources | in_use | not_found |
+    no_permission | nvml_error (any other NVML failure)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 @runtime_checkable
 class MigControl(Protocol):
     """Optional, for backends that can partition GPUs with MIG (NVML's MIG calls). Refusals
-    raise ValueError naming NVML's reason. The agent checks with isinstance."""
+    raise MigError (a ValueError) naming NVML's reason. The agent checks with isinstance."""
 
     def set_mig_mode(self, gpu_uuid: str, enabled: bool) -> None: ...
 

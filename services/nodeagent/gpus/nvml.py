@@ -3,22 +3,27 @@
 The NVML module is a constructor argument: production passes `pynvml`, tests pass a
 pynvml-compatible simulated module, so the very same code runs in both. Static facts (UUID,
 model, memory, SMs, PCI, NUMA, compute capability, MIG, NVLink) are read once at open; health
-and utilisation are read on every call. A GPU that stops answering (lost, or gone from the
-device list) stays listed as unhealthy, so the kubelet sees it go Unhealthy rather than vanish.
+and utilisation are read on every call, and so are MIG mode and the MIG devices of a GPU in
+MIG mode (nvml_mig.py), since instances come and go under the agent (dynamic MIG, mig-parted,
+`nvidia-smi mig`). A GPU that stops answering (lost, or gone from the device list) stays
+listed as unhealthy, so the kubelet sees it go Unhealthy rather than vanish.
+
+It is a MigControl: dynamic MIG creates and destroys instances through NVML's MIG calls.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from services.common.schemas import GpuDevice, GpuUsage
-from services.nodeagent.gpus.backend import GpuProcess, HealthEvent
+from services.common.schemas import GpuDevice, GpuUsage, MigDevice
+from services.nodeagent.gpus.backend import GpuProcess, HealthEvent, MigError
+from services.nodeagent.gpus.nvml_mig import NO_INSTANCE, NvmlMig
 
 log = logging.getLogger("vgpu.nodeagent")
 
@@ -70,6 +75,9 @@ class _Gpu:
     device: GpuDevice
     handle: Any
     lost: bool = False
+    # Its MIG devices when last listed: kept when a listing fails, so a passing NVML error
+    # does not make the kubelet see them vanish.
+    mig_devices: list[MigDevice] = field(default_factory=list)
 
 
 class NvmlGpuBackend:
@@ -83,6 +91,7 @@ class NvmlGpuBackend:
         self._last_sample_ts: dict[str, int] = {}
         self._lock = threading.Lock()  # the health thread and the event loop both read _gpus
         self._open = False
+        self._mig = NvmlMig(nvml)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -138,7 +147,6 @@ class NvmlGpuBackend:
         )
         capability = f"{major}.{minor}" if major else ""
         bus_id = _text(self._optional(lambda: nvml.nvmlDeviceGetPciInfo(handle).busId, ""))
-        mig = self._optional(lambda: nvml.nvmlDeviceGetMigMode(handle), (0, 0))
         return GpuDevice(
             uuid=uuid,
             index=index,
@@ -149,7 +157,7 @@ class NvmlGpuBackend:
             healthy=True,
             pci_bus_id=bus_id,
             compute_capability=capability,
-            mig_mode=bool(mig[0] == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1)),
+            mig_mode=self._mig.mode(handle)[0],
         )
 
     def _sm_count(self, handle: Any, capability: str) -> int:
@@ -195,10 +203,74 @@ class NvmlGpuBackend:
                 log.error(
                     "GPU stopped answering; marking it unhealthy", extra={"gpu": gpu.device.uuid}
                 )
+            if gpu.lost:
+                found.append(msgspec.structs.replace(gpu.device, healthy=False))
+                continue
+            mig_mode = self._mig.mode(gpu.handle)[0]
             found.append(
-                gpu.device if not gpu.lost else msgspec.structs.replace(gpu.device, healthy=False)
+                msgspec.structs.replace(
+                    gpu.device,
+                    mig_mode=mig_mode,
+                    mig_devices=self._list_mig(gpu) if mig_mode else [],
+                )
             )
         return found
+
+    def _list_mig(self, gpu: _Gpu) -> list[MigDevice]:
+        """The GPU's MIG devices now, or as last listed when NVML cannot say (logged)."""
+        try:
+            gpu.mig_devices = self._mig.devices(gpu.handle, gpu.device.uuid)
+        except MigError as exc:
+            log.warning(
+                "cannot list MIG devices; keeping the last listing",
+                extra={"gpu": gpu.device.uuid, "reason": str(exc)},
+            )
+        return gpu.mig_devices
+
+    # -- MigControl (NVML's MIG calls; MigError with NVML's reason when refused) -------------
+
+    def _gpu_of(self, gpu_uuid: str) -> _Gpu:
+        with self._lock:
+            gpu = next((g for g in self._gpus if g.device.uuid == gpu_uuid), None)
+        if gpu is None:
+            raise MigError("not_found", f"no GPU with uuid {gpu_uuid!r} on this node")
+        if gpu.lost:
+            raise MigError("nvml_error", f"GPU {gpu_uuid} stopped answering")
+        return gpu
+
+    def set_mig_mode(self, gpu_uuid: str, enabled: bool) -> None:
+        """MIG mode on or off; where the driver cannot reset the GPU itself the change waits
+        for a reset (logged; devices() keeps showing the current mode until then)."""
+        gpu = self._gpu_of(gpu_uuid)
+        self._mig.set_mode(gpu.handle, gpu_uuid, enabled)
+        # NVML may reset the GPU to apply the mode, and a reset may renew its handle.
+        gpu.handle = self._optional(
+            lambda: self._nvml.nvmlDeviceGetHandleByUUID(gpu_uuid), gpu.handle
+        )
+
+    def create_gpu_instance(self, gpu_uuid: str, profile: str, start: int = -1) -> int:
+        return self._mig.create_gpu_instance(
+            self._gpu_of(gpu_uuid).handle, gpu_uuid, profile, start
+        )
+
+    def destroy_gpu_instance(self, gpu_uuid: str, gi_id: int) -> None:
+        self._mig.destroy_gpu_instance(self._gpu_of(gpu_uuid).handle, gpu_uuid, gi_id)
+
+    def create_compute_instance(self, gpu_uuid: str, gi_id: int, slices: int = 0) -> int:
+        return self._mig.create_compute_instance(
+            self._gpu_of(gpu_uuid).handle, gpu_uuid, gi_id, slices
+        )
+
+    def destroy_compute_instance(self, gpu_uuid: str, gi_id: int, ci_id: int) -> None:
+        self._mig.destroy_compute_instance(self._gpu_of(gpu_uuid).handle, gpu_uuid, gi_id, ci_id)
+
+    def mig_devices(self, gpu_uuid: str) -> list[MigDevice]:
+        """The GPU's MIG devices as NVML lists them now (none with MIG mode off)."""
+        gpu = self._gpu_of(gpu_uuid)
+        if not self._mig.mode(gpu.handle)[0]:
+            return []
+        gpu.mig_devices = self._mig.devices(gpu.handle, gpu_uuid)
+        return list(gpu.mig_devices)
 
     def _answers(self, gpu: _Gpu) -> bool:
         nvml = self._nvml
@@ -298,7 +370,22 @@ class NvmlGpuBackend:
             raise
         if data.eventType != nvml.nvmlEventTypeXidCriticalError:
             return None
-        return HealthEvent(uuid=self._uuid_of_handle(data.device), xid=int(data.eventData))
+        return HealthEvent(uuid=self._uuid_of_event(data), xid=int(data.eventData))
+
+    def _uuid_of_event(self, data: Any) -> str:
+        """The MIG device an event names by its GI and CI IDs (a GPU in MIG mode), else the
+        GPU, else "" (every GPU)."""
+        uuid = self._uuid_of_handle(data.device)
+        gi_id = int(getattr(data, "gpuInstanceId", NO_INSTANCE))
+        ci_id = int(getattr(data, "computeInstanceId", NO_INSTANCE))
+        if not uuid or gi_id == NO_INSTANCE or ci_id == NO_INSTANCE:
+            return uuid
+        with self._lock:
+            gpu = next((g for g in self._gpus if g.device.uuid == uuid), None)
+        for device in gpu.mig_devices if gpu is not None else []:
+            if (device.gi_id, device.ci_id) == (gi_id, ci_id):
+                return device.uuid
+        return uuid  # an instance not listed yet: the whole GPU, to be safe
 
     def _uuid_of_handle(self, handle: Any) -> str:
         """The GPU an event names; "" (every GPU) when NVML gives no device, as NVIDIA does."""

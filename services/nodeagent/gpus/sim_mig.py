@@ -22,19 +22,12 @@ from dataclasses import dataclass, field
 
 from services.common import mig
 from services.common.schemas import MigDevice
+from services.nodeagent.gpus.backend import MigError
+
+__all__ = ["GpuInstanceView", "MigError", "SimulatedMig", "parse_geometry"]
 
 _MIG_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://vgpu.io/simulated-mig")
 _COUNTED = re.compile(r"^(?:(?P<count>\d+)\s*[xX]\s*)?(?P<profile>\S+)$")
-
-
-class MigError(ValueError):
-    """A refused MIG call; `code` is the NVML error it stands for."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = (
-            code  # not_supported | invalid_argument | insufficient_resources | in_use | not_found
-        )
 
 
 @dataclass
@@ -42,6 +35,16 @@ class _Gi:
     profile: mig.GiProfile
     start: int
     cis: dict[int, tuple[int, str]] = field(default_factory=dict)  # ci id -> (slices, uuid)
+
+
+@dataclass(frozen=True)
+class GpuInstanceView:
+    """One GI as NVML would report it: for a pynvml-compatible module built on this state."""
+
+    gi_id: int
+    profile: mig.GiProfile
+    start: int
+    compute_instances: dict[int, tuple[int, str]]  # ci id -> (compute slices, MIG UUID)
 
 
 @dataclass
@@ -146,6 +149,15 @@ class SimulatedMig:
             mig.PlacedGi(gi.profile.name, mig.Placement(gi.start, gi.profile.memory_slices))
             for gi in state.gis.values()
         ]
+
+    def gpu_instances(self, gpu_uuid: str) -> list[GpuInstanceView]:
+        """The GPU's GIs in ID order, with their compute instances (none with MIG off)."""
+        with self._lock:
+            state = self._gpu(gpu_uuid)
+            return [
+                GpuInstanceView(gi_id, gi.profile, gi.start, dict(gi.cis))
+                for gi_id, gi in sorted(state.gis.items())
+            ]
 
     def create_gpu_instance(self, gpu_uuid: str, profile_name: str, start: int = -1) -> int:
         """A GI of `profile_name` at `start` (-1: where it leaves the most room); its ID."""
