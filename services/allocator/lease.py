@@ -39,6 +39,11 @@ class Lease:
         self._task: asyncio.Task[None] | None = None
         self.leading = False
 
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The renewal loop (None before start and after stop)."""
+        return self._task
+
     async def start(self, js: JetStreamContext, bucket: str) -> None:
         try:
             self._kv = await js.key_value(bucket)

@@ -26,6 +26,7 @@ from services.common.http_server import serve
 from services.common.kube_auth import Gate, close_gate, gate_from
 from services.common.mutual_tls import identity_middleware, serve_mutual_tls
 from services.common.schemas import NodeInventory, PendingPod, PendingReason
+from services.common.vitals import Vitals
 
 from .backend import ClusterBackend, LocalClusterBackend
 from .bind_guard import BindGuard, FilterPasses
@@ -122,6 +123,9 @@ class Allocator:
         self._webhook: Any = None
         self._port: int | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        # Its loops (heartbeat watch, cluster watch, lease): one ending unasked is a crash
+        # that whoever runs it in-process (`vgpu up`) restarts it for.
+        self.vitals = Vitals("allocator")
         self._leader_tasks: list[asyncio.Task[None]] = []
         self._last_event: dict[str, float] = {}
         self._unavailable: set[str] = set()
@@ -202,11 +206,15 @@ class Allocator:
 
             self._webhook = WebhookServer(settings, self.core)
             await self._webhook.start()
-        self._tasks.append(asyncio.create_task(self._watch_heartbeats()))
+        self._tasks.append(
+            self.vitals.watch("the heartbeat watch", asyncio.create_task(self._watch_heartbeats()))
+        )
         await self._start_cluster_watch()
         if settings.lease_bucket:
             self.lease = Lease(self.replica, settings.lease_ttl_s, self._on_role)
             await self.lease.start(js, settings.lease_bucket)
+            if self.lease.task is not None:
+                self.vitals.watch("the leader lease", self.lease.task)
         else:
             self._on_role(True)
 
@@ -270,7 +278,8 @@ class Allocator:
         if "unbound" in inspect.signature(watch).parameters:
             self._unbound = UnboundPodHandler(self._left_pending, self._became_pending)
             handlers.append(self._unbound)
-        self._tasks.append(asyncio.create_task(self._run_cluster_watch(watch, *handlers)))
+        task = asyncio.create_task(self._run_cluster_watch(watch, *handlers))
+        self._tasks.append(self.vitals.watch("the cluster watch", task))
         try:
             async with asyncio.timeout(self.settings.cluster_sync_timeout_s):
                 for handler in handlers:
@@ -320,7 +329,12 @@ class Allocator:
         except Exception:
             log.exception("the pod watch stopped")
 
+    async def wait_died(self) -> str:
+        """Until one of its loops ends unasked (it crashed); what ended and how."""
+        return await self.vitals.died()
+
     async def stop(self) -> None:
+        self.vitals.stop()
         tasks, self._tasks = self._tasks + self._leader_tasks, []
         self._leader_tasks = []
         for task in tasks:

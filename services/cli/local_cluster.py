@@ -16,10 +16,11 @@ import shlex
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -132,6 +133,20 @@ class KubeletFollower:
             kubelet.remove(metadata.get("namespace") or "default", metadata.get("name") or "")
 
 
+def _port_of(url: str) -> int:
+    port = urlsplit(url).port
+    assert port is not None, url
+    return port
+
+
+async def _stop_quietly(service: Service) -> None:
+    """Stop what is left of a dead service; a failure here must not stop its restart."""
+    try:
+        await service.stop()
+    except Exception:
+        log.exception("stopping a dead service failed", extra={"service": type(service).__name__})
+
+
 def node_names(count: int) -> list[str]:
     return [f"node-{index + 1}" for index in range(count)]
 
@@ -170,8 +185,12 @@ class LocalCluster:
         self.pki: LocalPki | None = None
         self._started: list[Service] = []
         self._nats_supervisor: asyncio.Task[None] | None = None
+        # One per in-process service: restarts it when it dies (supervisor.py).
+        self._supervisors: list[asyncio.Task[None]] = []
+        self._agent_settings: dict[str, NodeAgentSettings] = {}
         self._kubelet_follower: asyncio.Task[None] | None = None
         self.users: UsersFileSource | None = None
+        self._webhook_ca = ""
 
     async def start(self, ready_timeout_s: float = 10.0) -> None:
         try:
@@ -225,6 +244,7 @@ class LocalCluster:
             webhook = {"webhook_port": 0, "webhook_host": "127.0.0.1",
                        "tls_cert_file": cert.cert_file, "tls_key_file": cert.key_file}  # fmt: skip
             webhook_ca = cert.ca_file
+            self._webhook_ca = webhook_ca
         self.allocator = await self._run(
             lambda port: Allocator(
                 msgspec.convert({"nats_url": nats_url, "http_port": port, **webhook, **extender,
@@ -250,6 +270,102 @@ class LocalCluster:
             backend.run_pod_watch(KubeletFollower(self.kubelets)), name="kubelets-follow-api"
         )
         await self._wait_ready(ready_timeout_s)
+        self._supervise_services()
+
+    def _supervise_services(self) -> None:
+        """Watch every in-process service as the nats-server is watched: one that dies (a
+        loop it lives by ended unasked) is stopped, made again on the same ports, sockets and
+        state, and started after the backoff; said in the log and vgpu_up_restarts_total."""
+        assert self.allocator is not None and self.metrics is not None
+        allocator = self.allocator
+        # Again on the ports it got (the state file and kube-scheduler's URL name them), as
+        # the same replica (it may take its own lease back at once).
+        again = msgspec.structs.replace(
+            allocator.settings,
+            http_port=_port_of(allocator.url),
+            extender_port=(
+                _port_of(allocator.extender_url) if allocator.settings.extender_port >= 0 else -1
+            ),
+            webhook_port=(
+                _port_of(allocator.webhook_url) if allocator.settings.webhook_port >= 0 else -1
+            ),
+            replica_id=allocator.replica,
+        )
+        backend = allocator.backend
+        self._watch_child(
+            "allocator",
+            lambda: self._live(self.allocator).wait_died(),
+            lambda: self._restart_allocator(Allocator(again, backend)),
+        )
+        metrics_again = msgspec.structs.replace(
+            self.metrics.settings, http_port=_port_of(self.metrics.url)
+        )
+        self._watch_child(
+            "metrics",
+            lambda: self._live(self.metrics).wait_died(),
+            lambda: self._replace("metrics", MetricsService(metrics_again)),
+        )
+        for name in self.agents:
+            self._watch_child(
+                f"node-agent/{name}",
+                lambda name=name: self.agents[name].wait_died(),  # type: ignore[misc]
+                lambda name=name: self._restart_agent(name),  # type: ignore[misc]
+            )
+            self._watch_child(
+                f"kubelet-sim/{name}",
+                lambda name=name: self.kubelets[name].wait_died(),  # type: ignore[misc]
+                lambda name=name: self.kubelets[name].restart(),  # type: ignore[misc]
+            )
+
+    def _watch_child(
+        self,
+        child: str,
+        wait_died: Callable[[], Awaitable[str]],
+        restart: Callable[[], Awaitable[None]],
+    ) -> None:
+        task = asyncio.create_task(
+            supervise(child, wait_died, restart, self.spec.restart_backoff),
+            name=f"supervise-{child}",
+        )
+        self._supervisors.append(task)
+
+    @staticmethod
+    def _live(service: Any) -> Any:
+        assert service is not None
+        return service
+
+    async def _replace(self, attribute: str, new: Any) -> None:
+        """Stop the dead service (what is left of it), start `new` in its place."""
+        old = getattr(self, attribute)
+        await _stop_quietly(old)
+        await new.start()
+        self._started[self._started.index(old)] = new
+        setattr(self, attribute, new)
+
+    async def _restart_allocator(self, new: Allocator) -> None:
+        await self._replace("allocator", new)
+        if self.spec.admission_webhook and self.api is not None:
+            # The same URL and certificate; registered again so the API server calls the new one.
+            registered = MutatingWebhook.from_configuration(
+                WEBHOOK_CONFIGURATION, new.webhook_url, self._webhook_ca
+            )
+            self.api.admission = MutatingAdmission([registered])
+        # It knows a node from the agent's next heartbeat: restarted = placing again, so wait
+        # for them (bounded; a node still missing is refused with a reason meanwhile).
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2 * self.spec.heartbeat_s + 1):
+                while len(new.inventory.nodes()) < len(self.agents):  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+
+    async def _restart_agent(self, name: str) -> None:
+        """Again from its settings: it re-registers with its kubelet and, from its records in
+        state_dir, serves the containers it served (services/nodeagent/service.py)."""
+        old = self.agents[name]
+        await _stop_quietly(old)
+        agent = NodeAgent(self._agent_settings[name])
+        await agent.start()
+        self._started[self._started.index(old)] = agent
+        self.agents[name] = agent
 
     async def _restart_nats(self) -> None:
         assert self.nats is not None
@@ -289,26 +405,25 @@ class LocalCluster:
         await kubelet.start()
         self._started.append(kubelet)
         self.kubelets[name] = kubelet
-        agent = NodeAgent(
-            NodeAgentSettings(
-                node_name=name,
-                nats_url=nats_url,
-                simulate=self.spec.simulate,
-                simulate_driver_dir=str(self.sim_state_dir(name)),
-                plugin_dir=str(plugin_dir),
-                pod_resources_socket=str(pod_resources / "kubelet.sock"),
-                container_root=str(root / "containers"),
-                state_dir=str(root / "agent-state"),
-                hook_library=hook_library,
-                split_count=self.spec.split_count,
-                heartbeat_s=self.spec.heartbeat_s,
-                sharing_mode=self.spec.mode,
-                # No GPU here: the MPS control daemons are the simulated control program.
-                mps_root=str(root / "mps"),
-                mps_control=SIMULATED_MPS_CONTROL,
-                **mig_settings,
-            )
+        settings = self._agent_settings[name] = NodeAgentSettings(
+            node_name=name,
+            nats_url=nats_url,
+            simulate=self.spec.simulate,
+            simulate_driver_dir=str(self.sim_state_dir(name)),
+            plugin_dir=str(plugin_dir),
+            pod_resources_socket=str(pod_resources / "kubelet.sock"),
+            container_root=str(root / "containers"),
+            state_dir=str(root / "agent-state"),
+            hook_library=hook_library,
+            split_count=self.spec.split_count,
+            heartbeat_s=self.spec.heartbeat_s,
+            sharing_mode=self.spec.mode,
+            # No GPU here: the MPS control daemons are the simulated control program.
+            mps_root=str(root / "mps"),
+            mps_control=SIMULATED_MPS_CONTROL,
+            **mig_settings,
         )
+        agent = NodeAgent(settings)
         await agent.start()
         self._started.append(agent)
         self.agents[name] = agent
@@ -363,9 +478,13 @@ class LocalCluster:
 
     async def stop(self) -> None:
         """Stop everything started, newest first; one failure does not strand the rest."""
-        supervisor, self._nats_supervisor = self._nats_supervisor, None
-        if supervisor is not None:  # first, or it would restart the server we stop
+        supervisors, self._supervisors = self._supervisors, []
+        if self._nats_supervisor is not None:
+            supervisors.append(self._nats_supervisor)
+            self._nats_supervisor = None
+        for supervisor in supervisors:  # first, or they would restart what we stop
             supervisor.cancel()
+        for supervisor in supervisors:
             with contextlib.suppress(asyncio.CancelledError):
                 await supervisor
         follower, self._kubelet_follower = self._kubelet_follower, None

@@ -236,21 +236,33 @@ def _settings(settings_type: type[Any], section: str, config_file: str | None, *
         raise click.ClickException(str(exc)) from exc
 
 
+class _ServiceDied(Exception):
+    pass
+
+
 def _serve(service: Any, name: str, log_level: str, otlp_endpoint: str) -> None:
-    """Run one service until SIGINT/SIGTERM (how the Kubernetes manifests run them)."""
+    """Run one service until SIGINT/SIGTERM (how the Kubernetes manifests run them), or until
+    a loop it lives by dies: then exit 1 naming it, so that Kubernetes restarts the container
+    (CrashLoopBackOff) instead of keeping a process that only looks alive."""
     configure_logging(log_level)
     setup_tracing(name, otlp_endpoint)
 
     async def run() -> None:
         await service.start()
         try:
-            await _until_signalled()
+            signalled = asyncio.ensure_future(_until_signalled())
+            died = asyncio.ensure_future(service.wait_died())
+            done, _ = await asyncio.wait({signalled, died}, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in (signalled, died):
+                waiter.cancel()
+            if died in done:
+                raise _ServiceDied(f"{name} died: {died.result()}")
         finally:
             await service.stop()
 
     try:
         asyncio.run(run())
-    except (OSError, RuntimeError) as exc:
+    except (OSError, RuntimeError, _ServiceDied) as exc:
         raise click.ClickException(str(exc)) from exc
 
 

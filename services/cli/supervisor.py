@@ -3,8 +3,8 @@
 The policy is the one systemd (Restart=on-failure) and Kubernetes (CrashLoopBackOff) operators
 know: wait `initial_s` before the first restart, double the wait after each death up to
 `max_s`, and forget the count once the child has stayed up for `reset_after_s`. Every death is
-logged with what died, its exit status and when it comes back, and counted in
-``vgpu_up_restarts_total``.
+logged with what died, how (a process's exit status, or which loop of an in-process service
+ended and why) and when it comes back, and counted in ``vgpu_up_restarts_total``.
 """
 
 from __future__ import annotations
@@ -47,22 +47,25 @@ class Backoff:
 
 async def supervise(
     child: str,
-    wait_exit: Callable[[], Awaitable[int | None]],
+    wait_exit: Callable[[], Awaitable[int | str | None]],
     restart: Callable[[], Awaitable[None]],
     backoff: Backoff,
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    """Watch a running child forever (until cancelled): when `wait_exit` returns its exit
-    status, wait out the backoff and `restart` it; a restart that fails is retried the same way."""
+    """Watch a running child forever (until cancelled): when `wait_exit` returns (a process's
+    exit status, or a sentence saying how a service died), wait out the backoff and `restart`
+    it; a restart that fails is retried the same way."""
     delay: float | None = None
     started_at = clock()
     while True:
         status = await wait_exit()
         delay = backoff.after(delay, clock() - started_at)
+        how = status if isinstance(status, str) else f"exit status {status}"
         log.warning(
-            "%s died (exit status %s); restarting in %.1fs",
-            child, status, delay,
-            extra={"child": child, "exit_status": status, "restart_in_s": delay},
+            "%s died (%s); restarting in %.1fs",
+            child, how, delay,
+            extra={"child": child, "exit_status": None if isinstance(status, str) else status,
+                   "reason": how, "restart_in_s": delay},
         )  # fmt: skip
         while True:
             await asyncio.sleep(delay)

@@ -31,6 +31,7 @@ from services.common.schemas import (
     PendingPod,
 )
 from services.common.tracing import tracer
+from services.common.vitals import Vitals
 from services.metrics.exporter import ViewCollector, vgpu_families
 from services.metrics.hami import hami_families
 from services.metrics.http import MetricsHttp
@@ -75,6 +76,7 @@ class MetricsService:
         self._bus: Bus | None = None
         self._runner: web.AppRunner | None = None
         self._flusher: asyncio.Task[None] | None = None
+        self.vitals = Vitals("metrics")  # the flusher ending unasked is a crash (`vgpu up`)
         self._http: MetricsHttp | None = None
         self._bus_shown: bool | None = None  # connected, as the stream clients last heard
         self._seq = 0
@@ -129,9 +131,15 @@ class MetricsService:
         self._http = http
         bus.on_reconnect(self._resync)
         self._flusher = asyncio.create_task(self._flush_changes(), name="metrics-flush")
+        self.vitals.watch("the change flusher", self._flusher)
         log.info("metrics serving", extra={"url": self.url})
 
+    async def wait_died(self) -> str:
+        """Until its flusher ends unasked (it crashed); what ended and how."""
+        return await self.vitals.died()
+
     async def stop(self) -> None:
+        self.vitals.stop()
         self.stream.close()  # end the live streams first, or the HTTP server waits on them
         if self._flusher is not None:
             self._flusher.cancel()

@@ -61,6 +61,11 @@ class DirectoryJanitor:
         self._clock = clock
         self._task: asyncio.Task[None] | None = None
 
+    @property
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """Its sweep loop, while started."""
+        return [self._task] if self._task is not None else []
+
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"janitor-{self._node}")
 

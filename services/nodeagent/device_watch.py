@@ -35,6 +35,11 @@ class DeviceWatcher:
         self._lock = asyncio.Lock()  # the poll and the XID monitor may refresh at once
         self._task: asyncio.Task[None] | None = None
 
+    @property
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """Its poll loop, while started."""
+        return [self._task] if self._task is not None else []
+
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
 

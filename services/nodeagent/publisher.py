@@ -93,6 +93,11 @@ class Publisher:
         self._lock = asyncio.Lock()  # one publication at a time keeps seq in send order
         self._tasks: list[asyncio.Task[None]] = []
 
+    @property
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """The heartbeat and usage loops, while started."""
+        return list(self._tasks)
+
     async def start(self) -> None:
         await self.publish_inventory()
         await self.publish_usage()

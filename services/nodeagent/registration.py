@@ -82,6 +82,11 @@ class DevicePluginServer:
     def kubelet_socket(self) -> Path:
         return self._plugin_dir / KUBELET_SOCKET
 
+    @property
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """The loop that registers with the kubelet and serves again after a kubelet restart."""
+        return [self._supervisor] if self._supervisor is not None else []
+
     async def start(self) -> None:
         await self._serve()
         self._supervisor = asyncio.create_task(self._supervise(), name="device-plugin-supervisor")

@@ -17,6 +17,7 @@ from services.common import subjects
 from services.common.bus import Bus
 from services.common.schemas import AllocationEvent, GpuDevice, GpuUsage
 from services.common.tracing import setup_tracing
+from services.common.vitals import Vitals
 from services.nodeagent import limits_file
 from services.nodeagent.address import node_address
 from services.nodeagent.catalog import DeviceCatalog
@@ -122,6 +123,9 @@ class NodeAgent:
             else labeler_for(settings.node_labeler, settings.node_name)
         )
         self._stack = contextlib.AsyncExitStack()
+        # Its loops (heartbeats, device plugins, device watch, janitor): one ending unasked
+        # is a crash that whoever runs it in-process (`vgpu up`) restarts it for.
+        self.vitals = Vitals(f"node agent {settings.node_name}")
         self._plugin_server: DevicePluginServer | None = None
         self._plugin_servers: list[DevicePluginServer] = []  # the MIG resources' too
         self._catalog: DeviceCatalog | None = None
@@ -367,6 +371,7 @@ class NodeAgent:
         )
         await publisher.start()
         stack.push_async_callback(publisher.stop)
+        self.vitals.watch_all("the heartbeat loop", publisher.tasks)
         await self._label(catalog.gpus)
 
         async def resend() -> None:
@@ -386,6 +391,7 @@ class NodeAgent:
         self._watcher = watcher
         watcher.start()
         stack.push_async_callback(watcher.stop)
+        self.vitals.watch_all("the device watch", watcher.tasks)
         if s.health_checks and not isinstance(backend, NoGpuBackend):
             monitor = HealthMonitor(
                 node_name=s.node_name,
@@ -434,6 +440,7 @@ class NodeAgent:
         self._janitor = janitor
         janitor.start()
         stack.push_async_callback(janitor.stop)
+        self.vitals.watch_all("the container janitor", janitor.tasks)
         advisor = PreferenceAdvisor(bus, s.node_name, catalog.gpu_of)
         servicer = DevicePluginServicer(
             node_name=s.node_name,
@@ -469,6 +476,7 @@ class NodeAgent:
         stack.push_async_callback(catalog.close)  # runs first on stop: ends ListAndWatch streams
         for server in servers:
             await server.start()
+            self.vitals.watch_all(f"the {server.resource_name} device plugin", server.tasks)
         self._plugin_servers = servers
         self._plugin_server = servers[0]
         log.info(
@@ -693,7 +701,12 @@ class NodeAgent:
         """The resources this agent registered with the kubelet."""
         return [server.resource_name for server in self._plugin_servers]
 
+    async def wait_died(self) -> str:
+        """Until one of its loops ends unasked (it crashed); what ended and how."""
+        return await self.vitals.died()
+
     async def stop(self) -> None:
+        self.vitals.stop()
         stack, self._stack = self._stack, contextlib.AsyncExitStack()
         self._plugin_server = None
         self._plugin_servers = []

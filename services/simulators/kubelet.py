@@ -9,6 +9,7 @@ serves `vgpu submit`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from services.common.kubelet import deviceplugin_v1beta1_pb2 as pb
 from services.common.kubelet import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from services.common.kubelet import podresources_v1_pb2_grpc as pr_grpc
 from services.common.tracing import tracer
+from services.common.vitals import Vitals
 from services.simulators.kubelet_admission import Admitter
 from services.simulators.kubelet_checkpoint import (
     CHECKPOINT_FILE,
@@ -71,6 +73,10 @@ async def _serve(servicer_adder: Any, servicer: Any, socket_path: Path) -> grpc.
     return server
 
 
+def _server_name(socket_path: Path) -> str:
+    return f"the gRPC server on {socket_path.name}"
+
+
 class KubeletSimulator:
     def __init__(self, settings: KubeletSimSettings) -> None:
         if not settings.node_name:
@@ -92,6 +98,8 @@ class KubeletSimulator:
         self._servers: list[tuple[grpc.aio.Server, Path]] = []
         self._runner: web.AppRunner | None = None
         self._port = 0
+        # Its gRPC servers: one terminating unasked is a crash (`vgpu up` restarts it).
+        self.vitals = Vitals(f"kubelet simulator {settings.node_name}")
 
     @property
     def node_name(self) -> str:
@@ -122,6 +130,11 @@ class KubeletSimulator:
                 pb_grpc.add_RegistrationServicer_to_server, registration, self.kubelet_socket
             )
             self._servers.append((server, self.kubelet_socket))
+            self.vitals = Vitals(f"kubelet simulator {self.node_name}")
+            for server, socket_path in self._servers:
+                self.vitals.watch_awaitable(
+                    _server_name(socket_path), server.wait_for_termination()
+                )
             # A restart keeps the HTTP port, so `vgpu submit` finds the kubelet again.
             self._runner, self._port = await serve(
                 build_app(self), self._settings.http_host, self._port or self._settings.http_port
@@ -138,13 +151,22 @@ class KubeletSimulator:
             },
         )
 
+    async def wait_died(self) -> str:
+        """Until one of its gRPC servers terminates unasked (it crashed); which."""
+        return await self.vitals.died()
+
     async def stop(self) -> None:
+        ended = {what for what, task in self.vitals.tasks().items() if task.done()}
+        self.vitals.stop()
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
         servers, self._servers = self._servers, []
         for server, socket_path in servers:
-            await server.stop(0.5)
+            # A server that already terminated (it crashed) never finishes a second stop.
+            if _server_name(socket_path) not in ended:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(server.stop(0.5), timeout=2.0)
             socket_path.unlink(missing_ok=True)
         await self._registry.close()
 
