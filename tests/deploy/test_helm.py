@@ -61,6 +61,7 @@ OVERLAY_VALUES: dict[str, dict[str, Any]] = {
 # Components that no overlay uses: production plus the component, against these values.
 COMPONENT_VALUES: dict[str, dict[str, Any]] = {
     "peer-node-labels": {"devicePlugin": {"peerNodeLabels": True}},
+    "dynamic-mig": {"devicePlugin": {"migDynamic": "all"}},
 }
 
 
