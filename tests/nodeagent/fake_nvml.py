@@ -72,6 +72,7 @@ class FakeGpu:
     mig_reset_required: bool = False  # nvmlDeviceSetMigMode leaves the change pending
     mig_root: bool = True  # False: MIG changes fail NO_PERMISSION (an unprivileged agent)
     profile_info_v2: bool = True  # False: an old driver without the V entry points
+    mig_listing_error: int | None = None  # NVML error code that listing MIG devices fails with
 
 
 @dataclass(eq=False)
@@ -451,6 +452,8 @@ class FakeNvml:
         gpu = self._gpu(handle)
         if not mig.mig_capable(gpu.name):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if gpu.mig_listing_error is not None:
+            raise pynvml.NVMLError(gpu.mig_listing_error)
         return mig.COMPUTE_SLICES
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: FakeGpu, index: int) -> FakeMigDevice:
@@ -503,6 +506,8 @@ class FakeNvml:
 
     def nvmlDeviceGetUtilizationRates(self, handle: FakeGpu) -> Any:
         gpu = self._gpu(handle)
+        if self.mig.mig_mode(gpu.uuid):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)  # none for MIG-mode GPUs
         return SimpleNamespace(gpu=gpu.sm_util, memory=gpu.memory_util)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeGpu) -> list[Any]:

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pynvml
 import pytest
 
 from services.allocator.backend import LocalClusterBackend
@@ -176,6 +177,24 @@ def test_makes_and_removes_instances_with_nvmls_refusals(tmp_path: Path) -> None
     gpus[0].mig_root = False  # an agent without root on the host
     denied = refusal(backend.create_gpu_instance, A, "1g.5gb", 6)
     assert denied.code == "no_permission" and "run the node agent privileged" in str(denied)
+
+
+def test_a_failed_listing_keeps_the_last_one_and_mig_gpus_report_no_usage(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    gpus = [a100(A), t4(C)]
+    nvml = FakeNvml(gpus)
+    nvml.partition(gpus[0], ["7g.40gb"])
+    backend = opened(nvml, tmp_path)
+    listed = backend.devices()[0].mig_devices
+    assert [d.profile for d in listed] == ["7g.40gb"]
+    gpus[0].mig_listing_error = pynvml.NVML_ERROR_UNKNOWN
+    assert backend.devices()[0].mig_devices == listed  # the kubelet does not see it vanish
+    assert "cannot list MIG devices; keeping the last listing" in caplog.text
+    with pytest.raises(MigError):
+        backend.mig_devices(A)  # asked directly, the failure is said
+    # NVML has no utilisation for a GPU in MIG mode: only the T4 has a sample.
+    assert [u.uuid for u in backend.usage()] == [C]
 
 
 def test_a_mig_mode_change_may_wait_for_a_gpu_reset(tmp_path: Path) -> None:
