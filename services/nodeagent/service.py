@@ -305,6 +305,7 @@ class NodeAgent:
             proc_root=Path(s.proc_root),
         )
         self._verifier = verifier
+        stack.callback(verifier.forget_all)
         # Simulated GPUs make up load: tell them what runs where (real GPUs measure it).
         load = backend if isinstance(backend, LoadSink) else None
 

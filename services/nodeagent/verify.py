@@ -218,6 +218,12 @@ class Verifier:
                 for kind in ("over_limit", "tampering", "over_compute"):
                     _remove(VIOLATION, (*device.labels, kind))
 
+    def forget_all(self) -> None:
+        """The agent stops: its gauges must not outlive it in a process that starts another
+        (vgpu up restarts a crashed agent in place)."""
+        for key in {owner for owner, _ in self._devices}:
+            self.forget(key)
+
     async def check(
         self,
         containers: list[ResolvedContainer],

@@ -353,6 +353,9 @@ async def test_a_program_that_launches_behind_the_limiter_is_reported_over_compu
             assert inbox.of("over_limit") == []  # it took no memory beyond its slice
             assert proc.poll() is None  # reported, never killed
             proc.kill()
+    # The agent stopped: its gauges go with it (vgpu up restarts agents in the same process).
+    assert gauge("vgpu_nodeagent_slice_violation", "over_compute", gpu=uuid) is None
+    assert gauge("vgpu_nodeagent_container_measured_sm_percent", gpu=uuid) is None
 
 
 @needs_namespaces
