@@ -260,7 +260,10 @@ def render_pending(view: ClusterView, details: bool) -> list[str]:
         return ["No pod is waiting for GPUs."]
     rows = [[f"{p.namespace}/{p.name}", f"{round(p.waiting_s)}s", _asks(p), p.summary]
             for p in view.pending]  # fmt: skip
-    lines = [f"Pending pods ({len(view.pending)}):"]
+    total = max(view.totals.pending_pods, len(view.pending))
+    shown = len(view.pending)
+    count = f"showing {shown:,} of {total:,}, longest waiting first" if shown < total else total
+    lines = [f"Pending pods ({count}):"]
     lines += _table(["POD", "WAITING", "ASKS", "REASON"], rows)
     if details:
         for pending in view.pending:

@@ -5,9 +5,12 @@ Thin on purpose: every answer is a view from `views.py` encoded as JSON.
     GET /metrics                        Prometheus exposition
     GET /healthz                        {"ok", "nats_connected", "nodes", "pods"}
     GET /livez                          200 while the event loop answers (liveness probes)
-    GET /api/v1/picture                 ClusterView
+    GET /api/v1/picture                 ClusterView (at most pending_shown pending pods;
+                                        totals.pending_pods counts all)
     GET /api/v1/pods/{namespace}/{name} PodView (404 naming the pod if unknown)
-    GET /api/v1/pending                 [PendingView]
+    GET /api/v1/pending[?limit=N]       [PendingView], longest waiting first: `limit` of
+                                        them (default the setting pending_shown), the
+                                        count of all in the X-Total-Count header
     GET /api/v1/events                  text/event-stream: `snapshot`, `bus`, then `change`
                                         batches and a `bus` frame whenever NATS goes or
                                         comes back ({"connected", "nats_down_since", ...})
@@ -40,10 +43,17 @@ from services.common.kube_auth import AuthError, Gate, Scope, granted, refused
 from services.common.tracing import context_from_headers, tracer
 from services.metrics.login import login_routes
 from services.metrics.stream import ChangeStream, frame
-from services.metrics.views import ClusterView, find_pod, namespaces_in, visible_view
+from services.metrics.views import (
+    ClusterView,
+    bounded,
+    find_pod,
+    namespaces_in,
+    visible_view,
+)
 
 STATIC = Path(str(resources.files("services.metrics") / "static"))
 KEEPALIVE_S = 15.0
+MAX_PENDING_LIMIT = 100_000  # /api/v1/pending?limit=: whole lists for tools, still bounded
 _tracer = tracer("vgpu.metrics")
 _encoder = msgspec.json.Encoder()
 
@@ -77,8 +87,10 @@ class MetricsHttp:
         bus_details: Callable[[], dict[str, Any]] = dict,
         max_body_bytes: int = 64 * 1024,
         gate: Gate | None = None,
+        pending_shown: int = 50,
     ) -> None:
         self._gate = gate
+        self._pending_shown = pending_shown
         self._view = view
         self._stream = stream
         self._registry = registry
@@ -115,18 +127,19 @@ class MetricsHttp:
             return None
         return await self._gate.read_scope(request, cookie=True)
 
-    async def _visible(self, request: web.Request) -> ClusterView:
-        """The picture as the caller may see it; raises AuthError (403 if it sees nothing)."""
+    async def _visible(self, request: web.Request, pending_shown: int | None = None) -> ClusterView:
+        """The picture as the caller may see it, with at most `pending_shown` pending pods
+        (default: the setting); raises AuthError (403 if it sees nothing)."""
         view = self._view()
         scope = await self._scope(request)
-        if scope is None or scope.cluster_wide:
-            return view
-        namespaces = await scope.namespaces(namespaces_in(view))
-        if not namespaces:
-            user = scope.caller.username
-            raise AuthError(403, f'user "{user}" may list pods neither cluster-wide nor in '
-                                 "any namespace that holds GPU pods")  # fmt: skip
-        return visible_view(view, namespaces)
+        if scope is not None and not scope.cluster_wide:
+            namespaces = await scope.namespaces(namespaces_in(view))
+            if not namespaces:
+                user = scope.caller.username
+                raise AuthError(403, f'user "{user}" may list pods neither cluster-wide nor in '
+                                     "any namespace that holds GPU pods")  # fmt: skip
+            view = visible_view(view, namespaces)
+        return bounded(view, pending_shown or self._pending_shown)
 
     def _refused(self, request: web.Request, error: AuthError) -> web.Response:
         return refused(self._gate, request, error)
@@ -179,12 +192,20 @@ class MetricsHttp:
         return _json(pod)
 
     async def _pending(self, request: web.Request) -> web.Response:
+        text = request.query.get("limit", "")
+        limit = int(text) if text.isascii() and text.isdigit() else 0
+        if text and not 1 <= limit <= MAX_PENDING_LIMIT:
+            return _json({"error": f"limit must be a whole number from 1 to "
+                                   f"{MAX_PENDING_LIMIT}, got {text[:32]!r}"},
+                         status=400)  # fmt: skip
         try:
-            view = await self._visible(request)
+            view = await self._visible(request, limit or None)
         except AuthError as exc:
             return self._refused(request, exc)
         self._granted()
-        return _json(view.pending)
+        response = _json(view.pending)
+        response.headers["X-Total-Count"] = str(view.totals.pending_pods)
+        return response
 
     async def _index(self, request: web.Request) -> web.StreamResponse:
         if self._gate is not None:

@@ -20,6 +20,7 @@ from services.common.schemas import (
     NodeUsage,
     PendingPod,
     PodAllocation,
+    SliceViolation,
 )
 
 Clock = Callable[[], float]
@@ -53,6 +54,19 @@ class PendingState:
     pod: PendingPod
     seen: float
     first_seen: float  # monotonic, when this service first heard of it
+
+
+@dataclass
+class Finding:
+    """A standing finding of a node agent's verification on one container's GPU."""
+
+    reason: str  # the agent's sentence; "" if only its usage report's flag was heard
+    since: float  # Unix time the agent found it (or this service first heard of it)
+    measured_mib: int = -1  # NVML's figure at the time; -1 unknown
+
+
+FindingKey = tuple[str, str]  # GPU uuid, kind ("over_limit" or "tampering")
+KINDS = ("over_limit", "tampering")
 
 
 @dataclass
@@ -133,6 +147,10 @@ class ClusterPicture:
         self.pods: dict[str, PodAllocation] = {}  # by pod uid
         self.containers: dict[ContainerKey, ContainerState] = {}
         self.pending: dict[str, PendingState] = {}  # by pod uid
+        # Standing violations per container, from the agents' SliceViolation messages and
+        # the flags in their usage reports; they end with a report without the flag or with
+        # the pod (docs/nodeagent.md, "Verification from outside").
+        self.findings: dict[ContainerKey, dict[FindingKey, Finding]] = {}
         self._by_name: dict[tuple[str, str, str], str] = {}  # (node, ns, name) -> uid
         self._released: dict[str, float] = {}  # pod uid -> when
         self._shown_up: dict[str, bool] = {}  # node -> up as last reported in changes
@@ -177,10 +195,42 @@ class ClusterPicture:
         _check_container_usage(usage)
         key = (usage.node, usage.namespace, usage.pod, usage.container)
         self.containers[key] = ContainerState(usage=usage, seen=self.clock())
+        self._reconcile_findings(key, usage)
         self._changes.nodes.add(usage.node)
         uid = self.pod_uid(usage.node, usage.namespace, usage.pod)
         if uid:
             self._changes.pods.add(uid)
+
+    def _reconcile_findings(self, key: ContainerKey, usage: ContainerUsage) -> None:
+        """The report's flags are the agent's standing findings: keep those (with the reason
+        a SliceViolation gave), drop the rest, note new ones without a reason."""
+        flagged = {(d.uuid, kind) for d in usage.devices
+                   for kind in d.violation.split(",") if kind in KINDS}  # fmt: skip
+        known = self.findings.get(key, {})
+        if not flagged and not known:
+            return
+        measured = {d.uuid: d.measured_mib for d in usage.devices}
+        now = time.time()
+        kept = {k: known.get(k) or Finding("", now, measured.get(k[0], -1)) for k in flagged}
+        if kept:
+            self.findings[key] = kept
+        else:
+            self.findings.pop(key, None)
+
+    def on_violation(self, violation: SliceViolation) -> None:
+        what = f"violation of {violation.namespace}/{violation.pod}/{violation.container}"
+        _require(bool(violation.node and violation.namespace and violation.pod
+                      and violation.container and violation.gpu), "no_identity",
+                 "violation without node, namespace, pod, container or GPU")  # fmt: skip
+        _require(violation.kind in KINDS, "bad_kind", f"{what}: unknown kind {violation.kind!r}")
+        uid = self.pod_uid(violation.node, violation.namespace, violation.pod)
+        _require(bool(uid), "unknown_pod", f"{what}: no such pod is bound to {violation.node}")
+        key = (violation.node, violation.namespace, violation.pod, violation.container)
+        self.findings.setdefault(key, {})[(violation.gpu, violation.kind)] = Finding(
+            violation.reason, violation.sent_at, violation.measured_mib
+        )
+        self._changes.nodes.add(violation.node)
+        self._changes.pods.add(uid)
 
     def on_allocation(self, event: AllocationEvent) -> None:
         allocation = event.allocation
@@ -263,6 +313,9 @@ class ClusterPicture:
         for key in [k for k in self.containers if k[:3] == (allocation.node,
                     allocation.namespace, allocation.name)]:  # fmt: skip
             del self.containers[key]
+        for key in [k for k in self.findings if k[:3] == (allocation.node,
+                    allocation.namespace, allocation.name)]:  # fmt: skip
+            del self.findings[key]
 
     # -- ageing ------------------------------------------------------------------------
 
@@ -328,6 +381,12 @@ class ClusterPicture:
         if not self.is_up(node, current):
             return None
         return state.usage
+
+    def findings_of(self, node: str, namespace: str, pod: str, container: str,
+                    uuid: str) -> dict[str, Finding]:  # fmt: skip
+        """The standing findings of a container on one GPU, by kind."""
+        found = self.findings.get((node, namespace, pod, container), {})
+        return {kind: f for (gpu, kind), f in found.items() if gpu == uuid}
 
     def pod_uid(self, node: str, namespace: str, name: str) -> str:
         """The uid of the pod of that name bound to that node ("" if none)."""

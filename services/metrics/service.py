@@ -29,6 +29,7 @@ from services.common.schemas import (
     NodeInventory,
     NodeUsage,
     PendingPod,
+    SliceViolation,
 )
 from services.common.tracing import tracer
 from services.common.vitals import Vitals
@@ -88,7 +89,7 @@ class MetricsService:
         return f"http://{self.settings.http_host}:{self._port}"
 
     def view(self) -> ClusterView:
-        return cluster_view(self.picture)
+        return cluster_view(self.picture, memory_unit=self.settings.memory_unit)
 
     async def start(self) -> None:
         try:
@@ -112,6 +113,8 @@ class MetricsService:
         await bus.subscribe(subjects.CONTAINER_USAGE_ALL, ContainerUsage, on_container)
         await bus.subscribe(subjects.ALLOC_PENDING_ALL, PendingPod,
                             self._apply("pending", self.picture.on_pending))  # fmt: skip
+        await bus.subscribe(subjects.VIOLATIONS_ALL, SliceViolation,
+                            self._apply("violation", self.picture.on_violation))  # fmt: skip
         await bus.client.flush()  # the server holds every subscription before we say we started
         nats_url = self.settings.nats_url
         settings = self.settings
@@ -123,7 +126,7 @@ class MetricsService:
             self.view, self.stream, self._registry, lambda: bus.client.is_connected,
             lambda: {"nats_url": nats_url, "nats_down_since": bus.down_since},
             self.settings.max_body_bytes,
-            gate=self.gate,
+            gate=self.gate, pending_shown=self.settings.pending_shown,
         )  # fmt: skip
         self._runner, self._port = await serve(
             http.app(), self.settings.http_host, self.settings.http_port, shutdown_timeout=2.0
@@ -236,7 +239,8 @@ class MetricsService:
                     changes.nodes.update(self.picture.nodes)
                 self._seq += 1
                 batch = change_view(self.picture, self._seq, changes.nodes, changes.pods,
-                                    changes.pending)  # fmt: skip
+                                    changes.pending,
+                                    pending_shown=self.settings.pending_shown)  # fmt: skip
                 self.stream.publish(frame("change", msgspec.json.encode(batch), self._seq))
             except Exception:
                 log.exception("sending changes failed")

@@ -15,6 +15,12 @@ class MetricsSettings(msgspec.Struct, kw_only=True):
     stream_queue: int = 64  # change batches a slow SSE client may lag before it is dropped
     kv_bucket: str = "vgpu-allocations"  # JetStream KV bucket of the allocator's decisions
     kv_timeout_s: float = 5.0  # give up rebuilding from KV after this long (events still flow)
+    # The dashboard's one unit for memory, chosen once for the whole page (the JSON API
+    # stays in MiB): GiB reads best for today's cards, MiB as nvidia-smi prints it.
+    memory_unit: Literal["GiB", "MiB"] = "GiB"
+    # Pending pods listed by the dashboard, the picture, the live stream and
+    # /api/v1/pending (longest waiting first); the count of all of them is in the totals.
+    pending_shown: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 50
     hami_metrics: bool = True  # also serve HAMi's metric names (hami_*)
     hami_legacy_metrics: bool = True  # and HAMi's older names (HostGPUMemoryUsage, ...)
     # It takes no request bodies (every route is a GET): anything past this is refused 413.

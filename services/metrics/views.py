@@ -8,16 +8,19 @@ a silent node is shown as silent, not as idle.
 
 from __future__ import annotations
 
+import heapq
+import operator
 import time
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
 from services.common.schemas import ContainerRequest, GpuDevice, PendingReason, PodAllocation
-from services.metrics.picture import ClusterPicture
+from services.metrics.picture import KINDS, ClusterPicture
 from services.metrics.stranded import FreeGpu, shapes_of, stranded_memory
 
 NodeStateName = Literal["up", "silent"]
+MemoryUnit = Literal["GiB", "MiB"]
 
 
 class SliceView(msgspec.Struct, kw_only=True):
@@ -43,6 +46,12 @@ class SliceView(msgspec.Struct, kw_only=True):
     # Of memory_used_mib: spilled to host-pageable managed memory (virtual device memory,
     # on GPUs whose memory scaling is above 1); null: no fresh report.
     spilled_mib: int | None = None
+    # The same findings as flags, with the agent's sentences (one per kind; empty when only
+    # its usage report's flag was heard) and since when (Unix time; null: none stands).
+    over_limit: bool = False
+    tampering: bool = False
+    violation_reasons: list[str] = []
+    violation_since: float | None = None
 
 
 class GpuView(msgspec.Struct, kw_only=True):
@@ -94,6 +103,10 @@ class ContainerDeviceView(msgspec.Struct, kw_only=True):
     measured_mib: int | None = None  # NVML, as the node agent measured it
     violation: str = ""  # as in SliceView
     spilled_mib: int | None = None  # as in SliceView
+    over_limit: bool = False  # these four as in SliceView
+    tampering: bool = False
+    violation_reasons: list[str] = []
+    violation_since: float | None = None
 
 
 class ContainerView(msgspec.Struct, kw_only=True):
@@ -153,7 +166,11 @@ class ClusterView(msgspec.Struct, kw_only=True):
     totals: Totals
     nodes: list[NodeView]
     pods: list[PodView]
+    # Longest waiting first; over HTTP at most `pending_shown` of them: the count of all is
+    # totals.pending_pods ("showing 50 of 1,234 pending").
     pending: list[PendingView]
+    # The unit the dashboard shows every memory figure in (the figures here stay MiB).
+    memory_unit: MemoryUnit = "MiB"
 
 
 class ChangeView(msgspec.Struct, kw_only=True):
@@ -166,7 +183,7 @@ class ChangeView(msgspec.Struct, kw_only=True):
     removed_nodes: list[str] = []
     pods: list[PodView] = []
     removed_pods: list[str] = []
-    pending: list[PendingView] | None = None  # the whole list, when it changed
+    pending: list[PendingView] | None = None  # the list as shown, when it changed
 
 
 def pending_summary(reasons: list[PendingReason], unresolvable: bool) -> str:
@@ -213,8 +230,8 @@ class _Builder:
                             memory_used_mib=device.memory_used_mib if device else None,
                             sm_util_percent=device.sm_util_percent if device else None,
                             measured_mib=device.measured_mib if device else None,
-                            violation=device.violation if device else "",
                             spilled_mib=device.spilled_mib if device else None,
+                            **self._flags(pod, container.container, piece.uuid),
                         )
                     )  # fmt: skip
         self.stranded = self._stranded()
@@ -233,10 +250,24 @@ class _Builder:
                 memory_used_mib=d.memory_used_mib,
                 sm_util_percent=d.sm_util_percent if d.sm_util_percent >= 0 else None,
                 measured_mib=d.measured_mib if d.measured_mib >= 0 else None,
-                violation=d.violation, spilled_mib=d.spilled_mib,
+                spilled_mib=d.spilled_mib,
             )
             for d in usage.devices
         }  # fmt: skip
+
+    def _flags(self, pod: PodAllocation, container: str, uuid: str) -> dict[str, Any]:
+        """The violation fields of one container's slice of one GPU (see SliceView)."""
+        found = self.picture.findings_of(pod.node, pod.namespace, pod.name, container, uuid)
+        kinds = [kind for kind in KINDS if kind in found]
+        if not kinds:
+            return {}
+        return {
+            "violation": ",".join(kinds),
+            "over_limit": "over_limit" in found,
+            "tampering": "tampering" in found,
+            "violation_reasons": [found[k].reason for k in kinds if found[k].reason],
+            "violation_since": min(found[k].since for k in kinds),
+        }
 
     def _allocated(self, uuid: str) -> tuple[int, int]:
         pieces = self.slices.get(uuid, [])
@@ -311,8 +342,8 @@ class _Builder:
                     memory_used_mib=seen.memory_used_mib if seen else None,
                     sm_util_percent=seen.sm_util_percent if seen else None,
                     measured_mib=seen.measured_mib if seen else None,
-                    violation=seen.violation if seen else "",
                     spilled_mib=seen.spilled_mib if seen else None,
+                    **self._flags(pod, container.container, piece.uuid),
                 ))  # fmt: skip
             containers.append(ContainerView(
                 name=container.container, init=container.init, claimed=container.claimed,
@@ -330,17 +361,21 @@ class _Builder:
             containers=containers,
         )  # fmt: skip
 
-    def pending(self) -> list[PendingView]:
-        views = [
+    def pending(self, limit: int | None = None) -> list[PendingView]:
+        """Pending pods, longest waiting first; only the first `limit` are built."""
+        waiting = self.picture.pending.values()
+        first_seen = operator.attrgetter("first_seen")
+        chosen = (sorted(waiting, key=first_seen) if limit is None
+                  else heapq.nsmallest(limit, waiting, key=first_seen))  # fmt: skip
+        return [
             PendingView(
                 namespace=p.pod.namespace, name=p.pod.name, uid=p.pod.uid,
                 waiting_s=round(self.now - p.first_seen, 1), unresolvable=p.pod.unresolvable,
                 summary=pending_summary(p.pod.reasons, p.pod.unresolvable),
                 requests=p.pod.requests, reasons=p.pod.reasons,
             )
-            for p in self.picture.pending.values()
+            for p in chosen
         ]  # fmt: skip
-        return sorted(views, key=lambda v: -v.waiting_s)
 
     def totals(self, nodes: list[NodeView]) -> Totals:
         totals = Totals(nodes=len(nodes), pods=len(self.picture.pods),
@@ -361,7 +396,10 @@ class _Builder:
         return totals
 
 
-def cluster_view(picture: ClusterPicture, now: float | None = None) -> ClusterView:
+def cluster_view(picture: ClusterPicture, now: float | None = None,
+                 memory_unit: MemoryUnit = "MiB") -> ClusterView:  # fmt: skip
+    """The whole picture, every pending pod included (`bounded` cuts that list for
+    people; the exporter counts all of them)."""
     build = _Builder(picture, now)
     nodes = [view for name in sorted(picture.nodes) if (view := build.node(name))]
     pods = [view for uid in picture.pods if (view := build.pod(uid))]
@@ -369,12 +407,23 @@ def cluster_view(picture: ClusterPicture, now: float | None = None) -> ClusterVi
     return ClusterView(
         generated_at=time.time(), stale_after_s=picture.stale_after_s,
         totals=build.totals(nodes), nodes=nodes, pods=pods, pending=build.pending(),
+        memory_unit=memory_unit,
     )  # fmt: skip
 
 
+def bounded(view: ClusterView, pending_shown: int) -> ClusterView:
+    """The view with at most `pending_shown` pending pods, the longest waiting; the totals
+    keep the count of all (a flood of pending pods must not flood the page or the stream)."""
+    if len(view.pending) <= pending_shown:
+        return view
+    return msgspec.structs.replace(view, pending=view.pending[:pending_shown])
+
+
 def change_view(picture: ClusterPicture, seq: int, nodes: set[str], pods: set[str],
-                pending: bool, now: float | None = None) -> ChangeView:  # fmt: skip
-    """The changed nodes and pods as whole views (small: a node holds a few GPUs)."""
+                pending: bool, now: float | None = None,
+                pending_shown: int | None = None) -> ChangeView:  # fmt: skip
+    """The changed nodes and pods as whole views (small: a node holds a few GPUs), and the
+    pending list as shown (at most `pending_shown`) when it changed."""
     build = _Builder(picture, now)
     all_nodes = [view for name in sorted(picture.nodes) if (view := build.node(name))]
     changed_nodes = [view for view in all_nodes if view.name in nodes]
@@ -383,7 +432,7 @@ def change_view(picture: ClusterPicture, seq: int, nodes: set[str], pods: set[st
         seq=seq, generated_at=time.time(), totals=build.totals(all_nodes),
         nodes=changed_nodes, removed_nodes=sorted(n for n in nodes if n not in picture.nodes),
         pods=changed_pods, removed_pods=sorted(u for u in pods if u not in picture.pods),
-        pending=build.pending() if pending else None,
+        pending=build.pending(pending_shown) if pending else None,
     )  # fmt: skip
 
 

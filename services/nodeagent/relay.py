@@ -126,6 +126,7 @@ class _Listener:
     reported_at: float = 0.0  # monotonic time of the latest usage report
     flags: dict[str, str] = field(default_factory=dict)  # GPU uuid -> standing violations
     dirty: bool = True
+    published: bool = False  # a report went out: its changes (a finding ending) must too
 
     def reporting(self) -> list[_Connection]:
         return [c for c in self.connections if c.hello is not None and not c.exited]
@@ -465,10 +466,12 @@ class RelayHub:
         for listener in list(self._listeners.values()):
             if not listener.dirty:
                 continue
-            if not listener.connections and not listener.nvml and not listener.used_mib:
+            quiet = not listener.connections and not listener.nvml and not listener.used_mib
+            if quiet and not listener.published:
                 listener.dirty = False
                 continue  # nothing ever ran in it: nothing to say
             listener.dirty = False
+            listener.published = True
             await self._bus.publish(subjects.container_usage(self._node), self._usage(listener))
             sent += 1
         return sent

@@ -162,13 +162,14 @@ async def test_a_slice_the_node_agent_flags_is_marked(
                                           measured_mib=41960, violation="over_limit")],
         ))  # fmt: skip
         await page.goto(service.url)
-        flagged = page.locator('.bar.memory .slice.violation[data-pod="ml/train"]')
+        flagged = page.locator('.bar.memory .slice.violation.over-limit[data-pod="ml/train"]')
         await flagged.wait_for()
-        assert "VIOLATION (over_limit)" in (await flagged.get_attribute("title") or "")
+        assert "OVER LIMIT (NVML measures 41 GiB)" in (await flagged.get_attribute("title") or "")
+        assert (await flagged.locator(".label").inner_text()).endswith("ml/train · main")
         await flagged.click()
-        badge = page.locator("#pod .badge.violation")
+        badge = page.locator("#pod .badge.violation.over-limit")
         await badge.wait_for()
-        assert await badge.inner_text() == "over_limit"
-        assert await page.locator("#pod td.violation").inner_text() == "41.0 GiB"
+        assert await badge.inner_text() == "over limit"
+        assert await page.locator("#pod td.violation").inner_text() == "41 GiB"
     finally:
         await service.stop()

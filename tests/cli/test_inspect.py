@@ -108,6 +108,31 @@ async def test_table_for_a_known_state(known: MetricsService) -> None:
     assert lines[2].endswith("1 node: needs 2 GPUs each with 16384 MiB free; 1 of 2 have it")
 
 
+async def test_a_long_pending_list_says_how_much_it_shows(
+    nats_server: EmbeddedNats, bus: Bus
+) -> None:
+    service = MetricsService(MetricsSettings(nats_url=nats_server.url, http_port=0,
+                                             pending_shown=2))  # fmt: skip
+    await service.start()
+    try:
+        for number in range(3):
+            waiting = PendingPod(
+                namespace="batch",
+                name=f"job-{number}",
+                uid=f"uid-{number}",
+                requests=[ContainerRequest(container="main", gpus=1)],
+            )
+            await bus.publish(subjects.alloc_pending(), waiting)
+        await wait_for(lambda: len(service.picture.pending) == 3)
+        result = await run("--metrics-url", service.url)
+        assert result.exit_code == 0, result.output
+        pending = result.output.split("\n\n", 1)[1].splitlines()
+        assert pending[0] == "Pending pods (showing 2 of 3, longest waiting first):"
+        assert [line.split()[0] for line in pending[2:]] == ["batch/job-0", "batch/job-1"]
+    finally:
+        await service.stop()
+
+
 async def test_details_show_each_slice_and_every_reason(known: MetricsService) -> None:
     result = await run("--metrics-url", known.url, "-d")
     assert result.exit_code == 0, result.output

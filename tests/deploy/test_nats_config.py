@@ -238,7 +238,7 @@ async def test_every_flow_of_vgpu_works_across_the_cluster(cluster: Cluster) -> 
             pattern: await _listen(metrics, pattern)
             for pattern in (subjects.INVENTORY_ALL, subjects.USAGE_ALL,
                             subjects.CONTAINER_USAGE_ALL, subjects.ALLOC_EVENTS_ALL,
-                            subjects.ALLOC_PENDING_ALL)
+                            subjects.ALLOC_PENDING_ALL, subjects.VIOLATIONS_ALL)
         }  # fmt: skip
 
         async def answer(request: Ping) -> Pong:
@@ -249,10 +249,12 @@ async def test_every_flow_of_vgpu_works_across_the_cluster(cluster: Cluster) -> 
         await allocator.client.flush()
         await asyncio.sleep(0.2)  # subscriptions travel to the other servers
 
-        # Node agent: inventory, usage and container usage out; claims and preferences asked.
+        # Node agent: inventory, usage, container usage and violations out; claims and
+        # preferences asked.
         await agent.publish(subjects.inventory("gpu-1.example"), Ping(text="inventory"))
         await agent.publish(subjects.usage("gpu-1.example"), Ping(text="usage"))
         await agent.publish(subjects.container_usage("gpu-1.example"), Ping(text="usage"))
+        await agent.publish(subjects.violations("gpu-1.example"), Ping(text="over_limit"))
         for subject in (subjects.ALLOC_CLAIM, subjects.ALLOC_PREFERRED):
             reply = await agent.request(subject, Ping(text="which"), Pong, timeout=5)
             assert reply.text == "re: which"

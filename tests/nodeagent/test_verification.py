@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from prometheus_client import REGISTRY
 
@@ -23,6 +24,8 @@ from services.common import subjects
 from services.common.bus import Bus
 from services.common.embedded_nats import EmbeddedNats
 from services.common.schemas import ContainerUsage, SliceViolation
+from services.metrics.service import MetricsService
+from services.metrics.settings import MetricsSettings
 from services.nodeagent.grant import container_key
 from services.nodeagent.service import NodeAgent
 from services.simulators.kubelet import KubeletSimulator
@@ -527,3 +530,84 @@ async def test_a_restarted_agent_without_its_records_asks_the_kubelet_and_the_al
             assert (dirs.state_dir / "containers" / f"{directory.name}.json").is_file()
         finally:
             await again.stop()
+
+
+async def dashboard_slice(metrics: MetricsService) -> dict[str, Any] | None:
+    """The slice of ml/train as the dashboard's JSON API shows it."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{metrics.url}/api/v1/picture") as resp,
+    ):
+        body = await resp.json()
+    pieces = [s for n in body["nodes"] for g in n["gpus"] for s in g["slices"]
+              if (s["namespace"], s["pod"], s["container"]) == ("ml", "train", "main")]  # fmt: skip
+    return pieces[0] if pieces else None
+
+
+async def poll_slice(metrics: MetricsService, wanted: Any, what: str) -> dict[str, Any]:
+    deadline = asyncio.get_running_loop().time() + 15
+    while True:
+        piece = await dashboard_slice(metrics)
+        if piece is not None and wanted(piece):
+            return piece
+        assert asyncio.get_running_loop().time() < deadline, f"{what}: {piece}"
+        await asyncio.sleep(0.1)
+
+
+@asynccontextmanager
+async def dashboard(nats_url: str) -> AsyncIterator[MetricsService]:
+    metrics = MetricsService(MetricsSettings(nats_url=nats_url, http_port=0,
+                                             stream_interval_s=0.05))  # fmt: skip
+    await metrics.start()
+    try:
+        yield metrics
+    finally:
+        await metrics.stop()
+
+
+@needs_namespaces
+async def test_the_dashboard_flags_a_program_that_bypasses_the_hook(
+    build: Path,  # noqa: F811
+    nats_server: EmbeddedNats,
+    allocator: Allocator,
+    dirs: NodeDirs,
+) -> None:
+    """What the agent finds reaches the metrics service's JSON API (the dashboard's source)
+    on the real bus: both flags on the slice, with the agent's own sentences."""
+    async with (
+        dashboard(nats_server.url) as metrics,
+        placed(nats_server.url, allocator, dirs) as (_, _agent, directory, uuid),
+    ):
+        with in_container(directory, dirs.root / "sim", uuid, HONEST, BYPASS):
+            piece = await poll_slice(
+                metrics, lambda s: s["over_limit"] and s["tampering"]
+                and len(s["violation_reasons"]) == 2, "both findings with their reasons",
+            )  # fmt: skip
+            assert piece["violation"] == "over_limit,tampering"
+            assert piece["measured_mib"] == 41960
+            over, lies = piece["violation_reasons"]
+            assert over.startswith("NVML shows 41960 MiB") and "hooks report 1000 MiB" in lies
+
+
+async def test_the_dashboard_shows_a_lying_hook_until_it_is_gone(
+    nats_server: EmbeddedNats, allocator: Allocator, dirs: NodeDirs
+) -> None:
+    async with (
+        dashboard(nats_server.url) as metrics,
+        placed(nats_server.url, allocator, dirs) as (_, _agent, directory, uuid),
+    ):
+        _reader, writer = await asyncio.open_unix_connection(
+            str(directory / "state" / "relay.sock")
+        )
+        writer.write((
+            '{"v":1,"type":"hello","pid":1,"comm":"forger","devices":[{"index":0,'
+            f'"uuid":"{uuid}","limit_mib":999999,"cores":100}}]}}\n'
+        ).encode())  # fmt: skip
+        await writer.drain()
+        piece = await poll_slice(metrics, lambda s: s["violation_reasons"], "the tampering")
+        assert (piece["tampering"], piece["over_limit"]) == (True, False)
+        assert "999999 MiB" in piece["violation_reasons"][0]
+        writer.close()
+        await writer.wait_closed()
+        piece = await poll_slice(metrics, lambda s: not s["tampering"], "the end of the lie")
+        assert piece["violation"] == "" and piece["violation_reasons"] == []

@@ -1,14 +1,16 @@
 // vgpu dashboard: one page, no build step, no third-party code.
 // State comes from /api/v1/events (server-sent events): a `snapshot` with the whole picture,
 // then `change` batches carrying whole views of the nodes and pods that changed. Every text
-// that came from the cluster is set with textContent, never parsed as HTML.
+// that came from the cluster is set with textContent, never parsed as HTML. The texts
+// themselves come from format.js (loaded first).
 "use strict";
 
 const state = {
   nodes: new Map(), // name -> NodeView
   pods: new Map(), // uid -> PodView
-  pending: [],
+  pending: [], // the longest waiting, as many as the service shows
   totals: null,
+  memoryUnit: null, // ClusterView.memory_unit: the one unit of every memory figure
   receivedAt: 0, // performance.now() when the last batch arrived
 };
 let renderQueued = false;
@@ -32,10 +34,7 @@ function el(tag, attrs, ...children) {
 }
 
 function mib(value) {
-  if (value === null || value === undefined) return "?";
-  if (value >= 102400) return Math.round(value / 1024) + " GiB";
-  if (value >= 10240) return (value / 1024).toFixed(value % 1024 ? 1 : 0) + " GiB";
-  return value + " MiB";
+  return memory(value, state.memoryUnit);
 }
 
 function pct(value) {
@@ -104,26 +103,29 @@ function sliceTitle(slice, gpu) {
     "compute asked " + (slice.cores ? slice.cores + "%" : "none (best effort)") +
       ", used " + (slice.sm_util_percent === null ? "not reported" : pct(slice.sm_util_percent)),
     "GPU " + gpu.index + " " + gpu.uuid,
-    slice.violation ? "VIOLATION (" + slice.violation + "): the node agent measures " +
-      (slice.measured_mib === null || slice.measured_mib === undefined ? "?" : mib(slice.measured_mib)) : "",
+    violationText(slice, state.memoryUnit),
   ].filter(Boolean).join("\n");
 }
 
 function sliceElement(slice, gpu, left, width, usedWidth, selected) {
   const key = podKey(slice.namespace, slice.pod);
   const color = hue(key);
+  const flags = violationFlags(slice);
   return el(
     "div",
     {
-      class: "slice" + (selected === key ? " selected" : "") + (slice.violation ? " violation" : ""),
+      class: "slice" + (selected === key ? " selected" : "") + (flags.length ? " violation" : "") +
+        flags.map((f) => " " + f.kind).join(""),
       "data-pod": key,
+      "data-namespace": slice.namespace,
       "data-container": slice.container,
       style: `left:${left}%;width:${width}%;background:hsl(${color} 55% 78%)`,
       title: sliceTitle(slice, gpu),
       onclick: () => showPod(slice.namespace, slice.pod),
     },
     el("span", { class: "used", style: `width:${usedWidth}%;background:hsl(${color} 50% 45%)` }),
-    el("span", { class: "label" }, (slice.violation ? "⚠ " : "") + slice.pod),
+    el("span", { class: "label" }, flags.map((f) => el("b", { class: "flag " + f.kind }, f.text)),
+      sliceLabel(slice)),
   );
 }
 
@@ -218,7 +220,9 @@ function asks(requests) {
 
 function renderPending() {
   const list = document.getElementById("pending");
-  document.getElementById("pending-count").textContent = state.pending.length;
+  const total = state.totals ? Math.max(state.totals.pending_pods, state.pending.length) : state.pending.length;
+  document.getElementById("pending-count").textContent = count(total);
+  document.getElementById("pending-note").textContent = pendingNote(state.pending.length, total);
   if (!state.pending.length) {
     list.replaceChildren(el("li", { class: "empty" }, "No pod is waiting for GPUs."));
     return;
@@ -283,10 +287,9 @@ function renderPodView(selected) {
       " · bound " + new Date(pod.bound_at * 1000).toLocaleTimeString() + " · uid " + pod.uid),
     ...pod.containers.flatMap((c) => [
       el("h3", {}, (c.init ? "init container " : "container ") + c.name + " ",
-        ...c.devices.filter((d) => d.violation).map((d) =>
-          el("span", { class: "badge violation", title: "GPU " + d.index + ": NVML measures " +
-            (d.measured_mib === null || d.measured_mib === undefined ? "?" : mib(d.measured_mib)) },
-            d.violation.replace(",", " + "))),
+        ...c.devices.flatMap((d) => violationFlags(d).map((f) =>
+          el("span", { class: "badge violation " + f.kind,
+            title: "GPU " + d.index + ": " + violationText(d, state.memoryUnit) }, f.text))),
         el("span", { class: "meta" }, c.reporting
           ? "· " + c.processes + " process(es) · throttled " + (c.throttled_ms / 1000).toFixed(1) + " s"
           : c.claimed ? "· no report from its hook yet" : "· not started on the node yet")),
@@ -300,7 +303,7 @@ function renderPodView(selected) {
           el("td", { class: "num" }, mib(d.memory_mib)),
           el("td", { class: "num" }, mib(d.memory_limit_mib)),
           el("td", { class: "num" }, value(d.memory_used_mib, mib)),
-          el("td", { class: d.violation ? "num violation" : "num" }, value(d.measured_mib, mib)),
+          el("td", { class: violationFlags(d).length ? "num violation" : "num" }, value(d.measured_mib, mib)),
           el("td", { class: "num" }, d.cores ? d.cores + "%" : "none"),
           el("td", { class: "num" }, value(d.sm_util_percent, pct)))))),
     ]),
@@ -331,6 +334,7 @@ function applySnapshot(view) {
   state.pods = new Map(view.pods.map((p) => [p.uid, p]));
   state.pending = view.pending;
   state.totals = view.totals;
+  state.memoryUnit = view.memory_unit || state.memoryUnit;
   state.receivedAt = performance.now();
   queueRender();
 }
