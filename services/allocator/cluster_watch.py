@@ -130,7 +130,7 @@ class BoundPodHandler:
             log.warning(
                 "unreadable pod requests",
                 extra={"pod": f"{metadata.get('namespace')}/{metadata.get('name')}",
-                       "error": str(exc)},
+                       "node": node, "error": str(exc)},
             )  # fmt: skip
             needs = None
         cpu, memory = (needs.cpu_milli, needs.memory_mib) if needs is not None else (0, 0)

@@ -326,7 +326,7 @@ class PlacementEngine:
         except Exception as exc:
             log.warning("cannot mark a gpushare pod assigned",
                         extra={"pod": f"{allocation.namespace}/{allocation.name}",
-                               "error": str(exc)})  # fmt: skip
+                               "node": allocation.node, "error": str(exc)})  # fmt: skip
 
     async def _tell_cluster(
         self, ref: PodRef, allocation: PodAllocation, extra: dict[str, str] | None = None
@@ -399,6 +399,7 @@ class PlacementEngine:
                 "pod": f"{namespace}/{pod}",
                 "container": container,
                 "node": node,
+                "gpus": [piece.uuid for piece in decided.slices],
                 "device_ids": device_ids,
             },
         )
@@ -489,8 +490,10 @@ class PlacementEngine:
             extra={
                 "pod": f"{allocation.namespace}/{allocation.name}",
                 "container": decided.container,
+                "node": allocation.node,
                 "planned": planned,
                 "given": uuids,
+                "reason": "the kubelet chose other devices than the allocator's hint",
             },
         )
         return moves

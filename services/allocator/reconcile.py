@@ -90,7 +90,7 @@ class PodWatchHandler:
                 except Exception as exc:
                     log.warning(
                         "unreadable allocation annotation",
-                        extra={"pod": str(ref), "error": str(exc)},
+                        extra={"pod": str(ref), "node": node, "error": str(exc)},
                     )
                     continue
                 adopted += await engine.adopt(allocation)

@@ -461,7 +461,8 @@ class Allocator:
             )
         except Exception as exc:
             log.warning(
-                "cannot emit a scheduling event", extra={"pod": str(ref), "error": str(exc)}
+                "cannot emit a scheduling event",
+                extra={"pod": str(ref), "reason": message[:200], "error": str(exc)},
             )
 
     async def _resync(self) -> None:

@@ -1,4 +1,5 @@
-"""Structured logs: one JSON object per line, extra= fields merged in."""
+"""Structured logs: one JSON object per line, extra= fields merged in; or, for people at a
+terminal (`vgpu up`), one text line with the same fields as key=value after the message."""
 
 from __future__ import annotations
 
@@ -10,6 +11,37 @@ import time
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 
+def fields_of(record: logging.LogRecord) -> dict[str, object]:
+    """The extra= fields of a record (pod, node, gpu, reason, ...), in the order given."""
+    return {key: value for key, value in vars(record).items()
+            if key not in _STANDARD and not key.startswith("_")}  # fmt: skip
+
+
+def _text_value(value: object) -> str:
+    if not isinstance(value, str):
+        return json.dumps(value, default=str, separators=(",", ":"))  # lists, numbers, null
+    if value == "" or any(c.isspace() or c in '"=' for c in value):
+        return json.dumps(value)  # quoted, so that key=value pairs stay one token each
+    return value
+
+
+class TextFormatter(logging.Formatter):
+    """`time LEVEL logger: message key=value ...`: the fields a JSON line would carry, so a
+    line about a pod names the pod, its node, GPU and reason at a terminal too."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        fields = fields_of(record)
+        if not fields:
+            return line
+        head, newline, rest = line.partition("\n")  # a traceback stays below the fields
+        pairs = " ".join(f"{key}={_text_value(value)}" for key, value in fields.items())
+        return f"{head} {pairs}{newline}{rest}"
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, object] = {
@@ -19,9 +51,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        for key, value in vars(record).items():
-            if key not in _STANDARD and not key.startswith("_"):
-                entry[key] = value
+        entry.update(fields_of(record))
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
@@ -32,7 +62,7 @@ def configure_logging(level: str = "info", json_format: bool = True) -> None:
     if json_format:
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -62,6 +62,16 @@ REBUILT = Counter(
 M = TypeVar("M", bound=msgspec.Struct)
 
 
+def _about(message: msgspec.Struct) -> dict[str, str]:
+    """The node, pod and GPU an event names, for its log line (those it has)."""
+    subject = getattr(message, "allocation", message)
+    node, gpu = getattr(subject, "node", ""), getattr(subject, "gpu", "")
+    namespace = getattr(subject, "namespace", "")
+    pod = getattr(subject, "pod", "") or getattr(subject, "name", "")
+    fields = {"node": node, "pod": f"{namespace}/{pod}" if namespace else pod, "gpu": gpu}
+    return {key: value for key, value in fields.items() if isinstance(value, str) and value}
+
+
 class MetricsService:
     def __init__(self, settings: MetricsSettings, decisions: DecisionSource | None = None) -> None:
         self.settings = settings
@@ -167,7 +177,8 @@ class MetricsService:
             except EventRejected as exc:
                 EVENTS.labels(kind=kind, outcome="rejected").inc()
                 REJECTED.labels(kind=kind, reason=exc.reason).inc()
-                log.warning("rejected event", extra={"kind": kind, "reason": exc.reason,
+                log.warning("rejected event", extra={"kind": kind, **_about(message),
+                                                     "reason": exc.reason,
                                                      "error": str(exc)})  # fmt: skip
                 return
             EVENTS.labels(kind=kind, outcome="applied").inc()
@@ -186,7 +197,9 @@ class MetricsService:
                     loaded += self.picture.load_decisions([allocation])
                 except EventRejected as exc:
                     REJECTED.labels(kind="kv_record", reason=exc.reason).inc()
-                    log.warning("rejected decision record", extra={"error": str(exc)})
+                    log.warning("rejected decision record",
+                                extra={**_about(allocation), "reason": exc.reason,
+                                       "error": str(exc)})  # fmt: skip
             for _ in decisions.malformed:
                 REJECTED.labels(kind="kv_record", reason="undecodable").inc()
             REBUILT.inc(loaded)

@@ -24,7 +24,9 @@ class DeviceWatcher:
         interval_s: float,
         marks: HealthMarks | None = None,
         view: Callable[[list[GpuDevice]], list[GpuDevice]] | None = None,
+        node_name: str = "",
     ) -> None:
+        self._node = node_name  # named in its log lines
         self._backend = backend
         self._catalog = catalog
         self._on_change = on_change
@@ -54,7 +56,11 @@ class DeviceWatcher:
                 return False
         log.info(
             "GPU set or health changed",
-            extra={"unhealthy": [gpu.uuid for gpu in gpus if not gpu.healthy]},
+            extra={
+                "node": self._node,
+                "gpus": [gpu.uuid for gpu in gpus],
+                "unhealthy": [gpu.uuid for gpu in gpus if not gpu.healthy],
+            },
         )
         await self._on_change()
         return True
@@ -65,7 +71,7 @@ class DeviceWatcher:
             try:
                 await self.refresh()
             except Exception:
-                log.exception("reading GPU health failed")
+                log.exception("reading GPU health failed", extra={"node": self._node})
 
     async def stop(self) -> None:
         task, self._task = self._task, None

@@ -176,7 +176,12 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         for grant in grants:
             log.info(
                 "allocated",
-                extra={"node": self._node, "device_ids": list(grant.device_ids), "key": grant.key},
+                extra={
+                    "node": self._node,
+                    "device_ids": list(grant.device_ids),
+                    "gpus": list(grant.gpu_uuids),
+                    "key": grant.key,
+                },
             )
             if grant.hooked or self._resolve_unhooked:
                 self._resolver.track(AllocateCall(grant, started, ended, caller))

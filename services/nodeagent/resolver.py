@@ -218,7 +218,11 @@ class AllocationResolver:
                 if len(holders) > 1:
                     log.warning(
                         "several containers hold the same device IDs; taking the first",
-                        extra={"holders": [str(h) for h in holders], "device_ids": sorted(wanted)},
+                        extra={
+                            "node": self._node,
+                            "holders": [str(h) for h in holders],
+                            "device_ids": sorted(wanted),
+                        },
                     )
                 ref = holders[0]
                 return Owner(ref.namespace, ref.pod, ref.container)
@@ -259,6 +263,7 @@ class AllocationResolver:
                 "several containers hold the same device IDs in the kubelet checkpoint; "
                 "taking the first",
                 extra={
+                    "node": self._node,
                     "holders": [f"{e.pod_uid}/{e.container}" for e in entries],
                     "device_ids": sorted(wanted),
                 },

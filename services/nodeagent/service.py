@@ -388,7 +388,8 @@ class NodeAgent:
             await publisher.publish_inventory()
             await self._label(catalog.gpus)
 
-        watcher = DeviceWatcher(backend, catalog, on_change, s.usage_interval_s, marks, view)
+        watcher = DeviceWatcher(backend, catalog, on_change, s.usage_interval_s, marks, view,
+                                node_name=s.node_name)  # fmt: skip
         self._watcher = watcher
         watcher.start()
         stack.push_async_callback(watcher.stop)

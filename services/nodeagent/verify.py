@@ -489,7 +489,10 @@ class Verifier:
             try:
                 await self._bus.publish(subjects.violations(self._node), violation)
             except Exception as exc:  # the finding stands in gauges and logs regardless
-                log.error("cannot publish a slice violation", extra={"error": str(exc)})
+                log.error("cannot publish a slice violation", extra={
+                    "node": violation.node, "namespace": violation.namespace, "pod": violation.pod,
+                    "container": violation.container, "gpu": violation.gpu,
+                    "kind": violation.kind, "error": str(exc)})  # fmt: skip
 
 
 def _remove(gauge: Gauge, labels: tuple[str, ...]) -> None:
