@@ -65,8 +65,8 @@ class Finding:
     measured_mib: int = -1  # NVML's figure at the time; -1 unknown
 
 
-FindingKey = tuple[str, str]  # GPU uuid, kind ("over_limit" or "tampering")
-KINDS = ("over_limit", "tampering")
+FindingKey = tuple[str, str]  # GPU uuid, kind (one of KINDS)
+KINDS = ("over_limit", "tampering", "over_compute")  # as the node agent names them
 
 
 @dataclass

@@ -40,8 +40,8 @@ class SliceView(msgspec.Struct, kw_only=True):
     sm_util_percent: float | None
     # The node agent's own measurement (NVML, the container's processes); null: none.
     measured_mib: int | None = None
-    # Standing findings of the agent's verification: "over_limit", "tampering", both
-    # comma-separated, or "" (docs/nodeagent.md, "Verification from outside").
+    # Standing findings of the agent's verification: "over_limit", "tampering",
+    # "over_compute", comma-separated, or "" (docs/nodeagent.md, "Verification from outside").
     violation: str = ""
     # Of memory_used_mib: spilled to host-pageable managed memory (virtual device memory,
     # on GPUs whose memory scaling is above 1); null: no fresh report.
@@ -50,6 +50,7 @@ class SliceView(msgspec.Struct, kw_only=True):
     # its usage report's flag was heard) and since when (Unix time; null: none stands).
     over_limit: bool = False
     tampering: bool = False
+    over_compute: bool = False
     violation_reasons: list[str] = []
     violation_since: float | None = None
 
@@ -103,8 +104,9 @@ class ContainerDeviceView(msgspec.Struct, kw_only=True):
     measured_mib: int | None = None  # NVML, as the node agent measured it
     violation: str = ""  # as in SliceView
     spilled_mib: int | None = None  # as in SliceView
-    over_limit: bool = False  # these four as in SliceView
+    over_limit: bool = False  # these five as in SliceView
     tampering: bool = False
+    over_compute: bool = False
     violation_reasons: list[str] = []
     violation_since: float | None = None
 
@@ -265,6 +267,7 @@ class _Builder:
             "violation": ",".join(kinds),
             "over_limit": "over_limit" in found,
             "tampering": "tampering" in found,
+            "over_compute": "over_compute" in found,
             "violation_reasons": [found[k].reason for k in kinds if found[k].reason],
             "violation_since": min(found[k].since for k in kinds),
         }

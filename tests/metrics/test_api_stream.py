@@ -72,7 +72,7 @@ async def test_picture_pod_and_pending_endpoints(metrics: MetricsService, bus: B
         "init": False, "claimed": True, "memory_mib": 20480, "cores": 50,
         "memory_limit_mib": 20480, "cores_limit": 50, "memory_used_mib": 8192,
         "sm_util_percent": 30.0, "measured_mib": None, "violation": "", "spilled_mib": 0,
-        "over_limit": False, "tampering": False, "violation_reasons": [],
+        "over_limit": False, "tampering": False, "over_compute": False, "violation_reasons": [],
         "violation_since": None,
     }]  # fmt: skip
 

@@ -101,6 +101,12 @@ async def test_findings_of_the_node_agent_are_flags_on_the_slice(
     assert (device["over_limit"], device["tampering"]) == (True, True)
     assert device["violation_reasons"] == [OVER, LIES]
 
+    # A third kind, found from NVML's SM samples, is a flag of its own.
+    await bus.publish(subjects.container_usage("node-a"),
+                      usage_flagged("over_limit,tampering,over_compute"))  # fmt: skip
+    await wait_for(lambda: the_slice(metrics).over_compute)
+    assert the_slice(metrics).violation == "over_limit,tampering,over_compute"
+
     # The finding ends when the agent's report no longer names it.
     await bus.publish(subjects.container_usage("node-a"), usage_flagged("tampering"))
     await wait_for(lambda: not the_slice(metrics).over_limit)
@@ -267,6 +273,9 @@ def test_the_pages_texts() -> None:
     assert run_format(f"f.violationFlags({json.dumps(piece)})") == [
         {"kind": "over-limit", "text": "over limit"}, {"kind": "tampering", "text": "tampering"},
     ]  # fmt: skip
+    compute = {**piece, "over_limit": False, "tampering": False, "over_compute": True}
+    assert run_format(f"f.violationFlags({json.dumps(compute)})") == [
+        {"kind": "over-compute", "text": "over compute"}]  # fmt: skip
     assert run_format(f"f.violationText({json.dumps(piece)}, 'MiB')") == (
         f"OVER LIMIT + TAMPERING (NVML measures 41,960 MiB): {OVER}; {LIES}"
     )

@@ -35,6 +35,7 @@ function violationFlags(piece) {
   const flags = [];
   if (piece.over_limit) flags.push({ kind: "over-limit", text: "over limit" });
   if (piece.tampering) flags.push({ kind: "tampering", text: "tampering" });
+  if (piece.over_compute) flags.push({ kind: "over-compute", text: "over compute" });
   return flags;
 }
 
