@@ -61,7 +61,7 @@ class Finding:
     """A standing finding of a node agent's verification on one container's GPU."""
 
     reason: str  # the agent's sentence; "" if only its usage report's flag was heard
-    since: float  # Unix time the agent found it (or this service first heard of it)
+    since: float  # Unix time this service heard of it (its own clock, not the sender's)
     measured_mib: int = -1  # NVML's figure at the time; -1 unknown
 
 
@@ -209,6 +209,8 @@ class ClusterPicture:
         known = self.findings.get(key, {})
         if not flagged and not known:
             return
+        if not self.pod_uid(usage.node, usage.namespace, usage.pod):
+            flagged = set()  # no such pod here: findings only for slices that exist
         measured = {d.uuid: d.measured_mib for d in usage.devices}
         now = time.time()
         kept = {k: known.get(k) or Finding("", now, measured.get(k[0], -1)) for k in flagged}
@@ -227,7 +229,7 @@ class ClusterPicture:
         _require(bool(uid), "unknown_pod", f"{what}: no such pod is bound to {violation.node}")
         key = (violation.node, violation.namespace, violation.pod, violation.container)
         self.findings.setdefault(key, {})[(violation.gpu, violation.kind)] = Finding(
-            violation.reason, violation.sent_at, violation.measured_mib
+            violation.reason, time.time(), violation.measured_mib
         )
         self._changes.nodes.add(violation.node)
         self._changes.pods.add(uid)
