@@ -26,6 +26,7 @@ from services.common.schemas import GpuDevice, NodeInventory
 from services.common.sharing import VGPU
 
 from .mig_fit import live_mask, mig_capacity
+from .node_table import NodeTable
 
 FULL_COMPUTE = 100
 _NO_GPU = GpuDevice(uuid="", index=-1, model="", memory_mib=0)  # states nothing
@@ -273,6 +274,11 @@ class ClusterState:
         self.gpus_by_model: dict[str, int] = {}
         self._classes: tuple[int, list[NodeState]] | None = None
         self._allocatable: dict[str, Allocatable] = {}  # from Node objects (cluster watch)
+        # What changed since the node table last looked (node_table.py): names of nodes whose
+        # figures changed, and a count that moves when the set of nodes does.
+        self.layout_version = 0
+        self._changed: set[str] = set()
+        self._table: NodeTable | None = None
 
     # -- inventory ------------------------------------------------------------------------
 
@@ -298,6 +304,7 @@ class ClusterState:
         ):
             previous.inventory = inventory
             previous.received_at = now
+            self._changed.add(inventory.node)
             return False
         self._build(inventory, host, previous, now)
         return True
@@ -371,6 +378,9 @@ class ClusterState:
             node.used_pods = previous.used_pods
         if previous is not None:
             self._account(previous, -1)
+        else:
+            self.layout_version += 1
+        self._changed.add(inventory.node)
         self._nodes[inventory.node] = node
         self._account(node, 1)
         self.capacity_version += 1
@@ -424,6 +434,7 @@ class ClusterState:
         state.used_memory_mib += sign * memory_mib
         self._account(state, 1)
         state.touch()
+        self._changed.add(node)
 
     def charge_host(self, node: str, cpu_milli: int, memory_mib: int, pods: int) -> None:
         """Add (or, negative, remove) what a pod holds of the node's CPU, memory and pod
@@ -434,6 +445,7 @@ class ClusterState:
         state.used_cpu_milli += cpu_milli
         state.used_memory_mib += memory_mib
         state.used_pods += pods
+        self._changed.add(node)
 
     def reset_usage(self, node: str) -> None:
         state = self._nodes.get(node)
@@ -445,6 +457,21 @@ class ClusterState:
         state.used_cpu_milli = state.used_memory_mib = state.used_pods = 0
         self._account(state, 1)
         state.touch()
+        self._changed.add(node)
+
+    def take_changes(self) -> tuple[int, set[str]]:
+        """The layout version and the nodes changed since the last call (NodeTable's)."""
+        changed, self._changed = self._changed, set()
+        return self.layout_version, changed
+
+    def table(self) -> NodeTable:
+        """Every node's figures as columns, up to date (one table per cluster: it alone
+        takes the changes)."""
+        if self._table is None:
+            self._table = NodeTable(self)
+        else:
+            self._table.sync()
+        return self._table
 
     # -- views ----------------------------------------------------------------------------
 

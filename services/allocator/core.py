@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from services.common.resources import DEFAULT_CONFIG, RequestConfig
 from services.common.schemas import ContainerAllocation, PodAllocation
@@ -21,6 +24,7 @@ from .cluster import FULL_COMPUTE, ClusterState, NodeState
 from .fragmentation import Shape, WorkloadMix
 from .ledger import Ledger
 from .modes import mode_refusals
+from .node_table import NodeTable, ResultColumns
 from .placement import NodePlacement, NoFit, describe_request, host_problem, need_text, place_pod
 from .pod_request import NUMA_BIND, PodRequest, Selection, parse_pod
 from .policies import MAX_SCORE, POLICIES, Policy, ScoreContext, relative_scores
@@ -28,6 +32,7 @@ from .policies import MAX_SCORE, POLICIES, Policy, ScoreContext, relative_scores
 DEFAULT_POLICY = "hostpack"  # measured best on the openb trace: docs/simulate.md
 MIX_REFRESH_PER_CALL = 16  # cached scores refreshed per call after the mix moved
 SHARED_RESULTS_LIMIT = 200_000  # results kept per node signature before starting afresh
+RESULT_COLUMNS_LIMIT = 128  # pod shapes whose per-node results best_node keeps as columns
 
 
 @dataclass
@@ -112,6 +117,9 @@ class PlacementCore:
         self._allows_all: dict[tuple[Selection, tuple[str, ...]], bool] = {}
         self._capacity: dict[tuple[object, ...], NoFit | None] = {}
         self._refresh_budget = MIX_REFRESH_PER_CALL
+        # best_node's scan over every node: per cache key, each node's result (node_table.py).
+        self._columns: OrderedDict[tuple[object, ...], ResultColumns] = OrderedDict()
+        self._columns_layout = -1
 
     # -- requests -------------------------------------------------------------------------
 
@@ -293,7 +301,9 @@ class PlacementCore:
             node_policy, gpu_policy = self.policies_of(pod)
             result = self._place_and_score(node, pod, node_policy, gpu_policy)
             assert type(result) is _Fit and result.placement is not None
-            node.cache[self._key(pod)] = (node.version, self._call_mix_version, result)
+            key = self._key(pod)
+            node.cache[key] = (node.version, self._call_mix_version, result)
+            self._forget_column(key, node_name)
         return result.placement
 
     # -- cluster-wide ---------------------------------------------------------------------
@@ -498,6 +508,8 @@ class PlacementCore:
             return self._best_cpu_node(pod, names)
         if self.never_fits(pod):
             return None
+        if node_names is None:
+            return self._best_of_all(pod)
         # One pass (filter + raw_scores would evaluate every passing node twice).
         # As filter + raw_scores would refresh.
         results = self._results(pod, dict.fromkeys(names), False, 2 * MIX_REFRESH_PER_CALL)
@@ -509,6 +521,75 @@ class PlacementCore:
                 if value > best_score or (value == best_score and name < best_name):
                     best_score, best_name = value, name
         return best_name or None
+
+    def _best_of_all(self, pod: PodRequest) -> str | None:
+        """best_node over every node, as a scan of the node table: the same tests, cache,
+        refresh budget, scores and tie-break as the loop over `_results`, with the per-node
+        tests and the scoring done on columns. Only nodes whose cached result is stale are
+        evaluated one by one (in name order, as the loop would)."""
+        key = self._key(pod)
+        self._refresh_budget = 2 * MIX_REFRESH_PER_CALL  # as filter + raw_scores would refresh
+        mix_version = self._call_mix_version
+        table = self.cluster.table()
+        single = pod.containers[0] if len(pod.containers) == 1 else None
+        may = table.may_take(
+            self.cluster.fresh_since(),
+            single.gpus if single is not None else 0,
+            single.cores if single is not None else 0,
+            pod.cpu_milli,
+            pod.memory_mib,
+        )
+        columns = self._result_columns(key, table)
+        evaluate = self._evaluate
+        for row in np.flatnonzero(may & ~columns.valid(table, mix_version)).tolist():
+            node = table.nodes[row]
+            result = evaluate(node, pod, key)
+            cached: Any = node.cache.get(key)
+            version, mix = (cached[0], cached[1]) if cached and cached[2] is result else (-1, 0)
+            if type(result) is _Fit:
+                columns.store(row, version, mix, result, result.raw_score, result.host_view)
+            else:
+                columns.store(row, version, mix, result, None, None)
+        rows = np.flatnonzero(may & columns.fit)
+        if not rows.size:
+            return None
+        scores = columns.raw[rows]
+        node_policy = self.policies_of(pod)[0]
+        host_score = getattr(node_policy, "host_score", None)
+        if host_score is not None:
+            ctx = ScoreContext(self.mix.snapshot(), self.cluster, self.mix.model_shares())
+            host_scores = getattr(node_policy, "host_scores", None)
+            if host_scores is not None and columns.views is not None:
+                scores = scores + host_scores(ctx, table, rows, columns.views[rows], pod)
+            else:
+                results: list[Any] = columns.results
+                scores = scores + np.array(
+                    [
+                        host_score(ctx, table.nodes[r], results[r].host_view, pod)
+                        for r in rows.tolist()
+                    ]
+                )
+        return table.names[int(rows[np.argmax(scores)])]  # the first best: the lowest name
+
+    def _forget_column(self, key: tuple[object, ...], node_name: str) -> None:
+        """The node's cached result for `key` was replaced: its column entry is stale."""
+        columns = self._columns.get(key)
+        row = self.cluster.table().index.get(node_name) if columns is not None else None
+        if columns is not None and row is not None and row < len(columns.version):
+            columns.version[row] = -1
+
+    def _result_columns(self, key: tuple[object, ...], table: NodeTable) -> ResultColumns:
+        if self._columns_layout != table.layout:
+            self._columns.clear()
+            self._columns_layout = table.layout
+        columns = self._columns.get(key)
+        if columns is None:
+            if len(self._columns) >= RESULT_COLUMNS_LIMIT:
+                self._columns.popitem(last=False)
+            columns = self._columns[key] = ResultColumns(len(table.names))
+        else:
+            self._columns.move_to_end(key)
+        return columns
 
     def _best_cpu_node(self, pod: PodRequest, names: Sequence[str]) -> str | None:
         """A pod without GPUs: the best host score, then (as kube-scheduler's LeastAllocated

@@ -21,6 +21,7 @@ API server never stores it, so it is refused here. Values above 2^63-1 are refus
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from fractions import Fraction
@@ -60,6 +61,9 @@ def parse_quantity(value: object) -> Fraction:
     return amount
 
 
+# Pure, and the same few strings ("4000m", "16Gi", "1") arrive with every pod: memoised
+# (a refusal raises each time; only values are kept).
+@functools.lru_cache(maxsize=4096)
 def _parse_text(text: str) -> Fraction:
     if not text:
         raise QuantityError("an empty string is not a quantity")
