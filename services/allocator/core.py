@@ -298,12 +298,9 @@ class PlacementCore:
         if isinstance(result, _Unfit):
             raise Unplaceable(result.reason)
         if result.placement is None:  # scored on an equivalent node: place it on this one
-            node_policy, gpu_policy = self.policies_of(pod)
-            result = self._place_and_score(node, pod, node_policy, gpu_policy)
-            assert type(result) is _Fit and result.placement is not None
-            key = self._key(pod)
-            node.cache[key] = (node.version, self._call_mix_version, result)
-            self._forget_column(key, node_name)
+            # (the score is known; what is placed next changes the node, so nothing to cache)
+            gpu_policy = self.policies_of(pod)[1]
+            return place_pod(node, pod, gpu_policy, ScoreContext(self.mix.snapshot()))
         return result.placement
 
     # -- cluster-wide ---------------------------------------------------------------------
@@ -570,13 +567,6 @@ class PlacementCore:
                     ]
                 )
         return table.names[int(rows[np.argmax(scores)])]  # the first best: the lowest name
-
-    def _forget_column(self, key: tuple[object, ...], node_name: str) -> None:
-        """The node's cached result for `key` was replaced: its column entry is stale."""
-        columns = self._columns.get(key)
-        row = self.cluster.table().index.get(node_name) if columns is not None else None
-        if columns is not None and row is not None and row < len(columns.version):
-            columns.version[row] = -1
 
     def _result_columns(self, key: tuple[object, ...], table: NodeTable) -> ResultColumns:
         if self._columns_layout != table.layout:

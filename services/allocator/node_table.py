@@ -14,7 +14,7 @@ returned).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -65,6 +65,7 @@ class NodeTable:
         self.model_names: list[str] = []
         self._model_codes: dict[str, int] = {}
         self.model = np.full(count, -1, **ints)  # the node's only GPU model; -1: several/none
+        self._derived: dict[object, tuple[np.ndarray, np.ndarray]] = {}
         for row, node in enumerate(nodes):
             self._read(row, node)
 
@@ -89,6 +90,19 @@ class NodeTable:
         self.room[row, : len(room)] = room
         models = node.models
         self.model[row] = self._model_code(models[0]) if len(models) == 1 else -1
+
+    def derived(self, key: object, compute: Callable[[NodeState], float]) -> np.ndarray:
+        """A figure of each node that changes only with its version (GPU state), as a
+        column: `compute` runs again only for nodes whose version moved."""
+        memo = self._derived.get(key)
+        if memo is None:
+            count = len(self.names)
+            memo = self._derived[key] = (np.full(count, -1, dtype=np.int64), np.zeros(count))
+        versions, values = memo
+        for row in np.flatnonzero(versions != self.version).tolist():
+            values[row] = compute(self.nodes[row])
+            versions[row] = self.version[row]
+        return values
 
     def _model_code(self, model: str) -> int:
         code = self._model_codes.get(model)

@@ -341,20 +341,21 @@ class HostPack(Binpack):
         total = table.cpu_milli[rows]
         cpu = total - table.used_cpu_milli[rows]
         before, after, idle = views[:, 0], views[:, 1], views[:, 2] != 0
-        stranded_before = self._stranded(before, cpu)
+        stranded_before = self.stranded_many(before, cpu)
         if self.whole_node_weight and ctx.cluster is not None and idle.any():
+            # host_score's test of whether opening an idle node earns nothing, per size.
             sizes = table.gpu_count[rows]
-            for size in np.unique(sizes[idle]).tolist():
+            opens_free = np.zeros(int(sizes.max()) + 1, dtype=bool)
+            for size in range(len(opens_free)):
                 whole = ctx.mix.gpu_share_at_least(size) * ctx.cluster.free_gpus
-                if (
-                    ctx.cluster.idle_nodes.get(size, 0) - 1
-                ) * size < self.whole_node_weight * whole:
-                    stranded_before[idle & (sizes == size)] = 0.0
-        growth = self._stranded(after, cpu - pod.cpu_milli) - stranded_before
+                idle_nodes = ctx.cluster.idle_nodes.get(size, 0)
+                opens_free[size] = (idle_nodes - 1) * size < self.whole_node_weight * whole
+            stranded_before[idle & opens_free[sizes]] = 0.0
+        growth = self.stranded_many(after, cpu - pod.cpu_milli) - stranded_before
         return np.where(total != 0, score - self.weight * growth, score)
 
-    def _stranded(self, usable: np.ndarray, free_cpu_milli: np.ndarray) -> np.ndarray:
-        """stranded() of arrays."""
+    def stranded_many(self, usable: np.ndarray, free_cpu_milli: np.ndarray) -> np.ndarray:
+        """stranded() of arrays, to the last bit."""
         short = np.maximum(0.0, usable - free_cpu_milli / self.cpu_per_gpu_milli)
         starved = free_cpu_milli < usable * self.starved_cpu_per_gpu_milli
         return np.where(starved, short + usable, short)

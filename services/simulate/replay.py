@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import math
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.allocator.cluster import CapacityConfig, ClusterState, NodeState
+import numpy as np
+
+from services.allocator.cluster import CapacityConfig, ClusterState
 from services.allocator.core import DEFAULT_POLICY, PlacementCore, PodRef
 from services.allocator.fragmentation import WorkloadMix
 from services.allocator.ledger import Ledger
@@ -37,8 +39,7 @@ CHECKPOINTS = (1.0, 1.1, 1.2, 1.3)  # demand levels reported, as in the paper's 
 CURVE_STEP = 0.01  # demand resolution of the plotted curve
 NAMESPACE = "trace"
 _HOST = HostPack()  # its notion of stranded GPUs, for pods without GPUs
-# Usable free GPUs per node, valid while its version is unchanged (every change bumps it).
-_USABLE: weakref.WeakKeyDictionary[NodeState, tuple[int, float]] = weakref.WeakKeyDictionary()
+_USABLE_KEY = ("hostpack", "usable-gpus")  # NodeTable.derived key
 CpuPlacer = Callable[[PlacementCore, PodRequest], "str | None"]
 
 
@@ -196,18 +197,42 @@ def least_allocated(core: PlacementCore, request: PodRequest) -> str | None:
 def least_stranded(core: PlacementCore, request: PodRequest) -> str | None:
     """A pod without GPUs where it strands the fewest GPUs: where its CPU leaves the node's
     usable free GPUs least short of CPU (as the hostpack policy counts them), then as
-    least_allocated."""
+    least_allocated. On the node table's columns, with the arithmetic of the per-node loop
+    (`_least_stranded_loop`, which the tests compare it with)."""
+    table = core.cluster.table()
+    need_cpu, need_memory = request.cpu_milli, request.memory_mib
+    rows = np.flatnonzero(table.may_take(-math.inf, 0, 0, need_cpu, need_memory))
+    if not rows.size:
+        return None
+    usable = table.derived(_USABLE_KEY, _HOST.usable_gpus)[rows]
+    total_cpu = table.cpu_milli[rows]
+    cpu = total_cpu - table.used_cpu_milli[rows]
+    growth = _HOST.stranded_many(usable, cpu - need_cpu) - _HOST.stranded_many(usable, cpu)
+    # Python's round(growth, 9) is not numpy's: it is applied to the few near the least.
+    lowest = float(growth.min())
+    least = round(lowest, 9)
+    near = np.flatnonzero(growth <= lowest + 2e-9)
+    if (growth[near] != lowest).any():  # some near the least may round above it: ask Python
+        near = near[[round(g, 9) == least for g in growth[near].tolist()]]
+    left = _shares_left(total_cpu[near], table.used_cpu_milli[rows[near]] + need_cpu)
+    memory = table.host_memory_mib[rows[near]]
+    left = left + _shares_left(memory, table.used_memory_mib[rows[near]] + need_memory)
+    return table.names[int(rows[near[np.argmax(left)]])]  # the first most: the lowest name
+
+
+def _shares_left(capacity: np.ndarray, used: np.ndarray) -> np.ndarray:
+    """_share_left of arrays (1.0 where the capacity is not known)."""
+    known = capacity != 0
+    return np.where(known, (capacity - used) / np.where(known, capacity, 1), 1.0)
+
+
+def _least_stranded_loop(core: PlacementCore, request: PodRequest) -> str | None:
+    """least_stranded one node at a time: the reference the column version must match."""
     best: tuple[float, float, str] | None = None
     for node in core.cluster.states():
         if host_problem(node, request) is not None:
             continue
-        cached = _USABLE.get(node)
-        if cached is None or cached[0] != node.version:
-            cached = _USABLE[node] = (
-                node.version,
-                sum(_HOST.usable(g.state_key()) for g in node.gpus),
-            )
-        usable = cached[1]
+        usable = _HOST.usable_gpus(node)
         cpu = node.cpu_milli - node.used_cpu_milli
         growth = _HOST.stranded(usable, cpu - request.cpu_milli) - _HOST.stranded(usable, cpu)
         left = _share_left(node.cpu_milli, node.used_cpu_milli + request.cpu_milli)

@@ -1,4 +1,5 @@
-"""best_node's scan of the node table places exactly as the loop over every node does.
+"""best_node's scan of the node table places exactly as the loop over every node does (and
+the simulator's least_stranded for CPU-only pods as its own loop).
 
 Two identical clusters take the same random stream of events (GPU pods of every openb shape,
 multi-container pods, CPU-only pods, pods ending, host usage from outside, nodes joining, going
@@ -9,6 +10,7 @@ must be the same, for every policy.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
@@ -24,7 +26,7 @@ from services.allocator.pod_request import PodRequest, Selection
 from services.allocator.policies import POLICIES, HostPack, ScoreContext
 from services.common.schemas import NodeInventory
 from services.simulate.baselines import baseline_policies
-from services.simulate.replay import inventories, manifest
+from services.simulate.replay import _least_stranded_loop, inventories, least_stranded, manifest
 from services.simulate.trace import OPENB_MODEL_MEMORY_MIB, TraceNode, TracePod
 
 TIMEOUT_S = 30.0
@@ -52,6 +54,10 @@ def _nodes(rng: random.Random, count: int, prefix: str = "n") -> list[NodeInvent
 
 
 def _gpu_pod(rng: random.Random, number: int) -> dict[str, Any]:
+    return _trace_pod(rng, number)[0]
+
+
+def _trace_pod(rng: random.Random, number: int) -> tuple[dict[str, Any], TracePod]:
     gpus = rng.choice((1, 1, 1, 2, 4, 8, 0))
     milli = rng.choice((50, 110, 250, 500, 810, 1000)) if gpus == 1 else 1000 * gpus
     models = rng.choice(((), (), (), ("T4",), ("V100M32", "A10")))
@@ -68,7 +74,7 @@ def _gpu_pod(rng: random.Random, number: int) -> dict[str, Any]:
         limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2000"}
         second = {"name": "side", "resources": {"limits": limits}}
         spec["spec"]["containers"].append(second)
-    return spec
+    return spec, trace_pod
 
 
 class Twin:
@@ -116,18 +122,26 @@ def _replay_both(policy: str, seed: int, events: int = 400) -> int:
             for twin in (scan, loop):
                 twin.core.cluster.charge_host(name, cpu, 4096, 1)
             continue
-        spec = _gpu_pod(rng, number)
+        spec, trace_pod = _trace_pod(rng, number)
         requests = [twin.core.parse(spec) for twin in (scan, loop)]
-        if not requests[0].containers:
-            continue  # CPU-only pods are not the scan's
-        for twin, request in zip((scan, loop), requests, strict=True):
-            twin.core.observe(request)
-        chosen = scan.core.best_node(requests[0])
-        expected = loop.core.best_node(requests[1], loop.core.cluster.nodes())
+        if requests[0].containers:
+            for twin, request in zip((scan, loop), requests, strict=True):
+                twin.core.observe(request)
+            chosen = scan.core.best_node(requests[0])
+            expected = loop.core.best_node(requests[1], loop.core.cluster.nodes())
+        else:  # the simulator's stand-in for kube-scheduler
+            requests = [
+                dataclasses.replace(
+                    r, cpu_milli=trace_pod.cpu_milli, memory_mib=trace_pod.memory_mib
+                )
+                for r in requests
+            ]
+            chosen = least_stranded(scan.core, requests[0])
+            expected = _least_stranded_loop(loop.core, requests[1])
         assert chosen == expected, f"event {number}: {spec['metadata']['name']}"
         decisions += 1
-        if chosen is None:
-            continue
+        if chosen is None or not scan.core.cluster.status(chosen).available:
+            continue  # least_stranded, as the simulator's, does not ask about freshness
         ref = PodRef("t", f"p{number}", f"u{number}")
         allocations = [
             twin.core.commit(ref, chosen, request)
