@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -282,3 +283,61 @@ def test_the_pages_texts() -> None:
     clean = {**piece, "over_limit": False, "tampering": False}
     assert run_format(f"[f.violationFlags({json.dumps(clean)}), "
                       f"f.violationText({json.dumps(clean)}, 'GiB')]") == [[], ""]  # fmt: skip
+
+
+def render_page(snapshot: object, hash_: str = "") -> dict[str, str]:
+    """The page's real scripts rendering a snapshot (tests/metrics/render_page.js): the
+    outerHTML of each element index.html names by id."""
+    assert NODE is not None
+    harness = Path(__file__).with_name("render_page.js")
+    done = subprocess.run([NODE, str(harness), hash_], input=json.dumps(snapshot),
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rendered: dict[str, str] = json.loads(done.stdout)
+    return rendered
+
+
+def text_of(html: str) -> str:
+    return re.sub(r"<[^>]*>", " ", html)
+
+
+@pytest.mark.skipif(NODE is None, reason="no Node.js to run the page's scripts")
+@pytest.mark.parametrize("unit", ["GiB", "MiB"])
+async def test_the_rendered_page(nats_server: EmbeddedNats, bus: Bus, unit: str) -> None:
+    metrics = MetricsService(settings(nats_server.url, pending_shown=5, memory_unit=unit))
+    await metrics.start()
+    try:
+        await bound_pod(bus, metrics)
+        await bus.publish(subjects.container_usage("node-a"), usage_flagged("over_limit"))
+        await bus.publish(subjects.violations("node-a"), violation("over_limit", OVER))
+        for number in range(7):
+            await bus.publish(subjects.alloc_pending(), pending(number))
+        await wait_for(lambda: len(metrics.picture.pending) == 7
+                       and the_slice(metrics).violation_reasons)  # fmt: skip
+        status, snapshot = await get_json(metrics, "/api/v1/picture")
+        assert status == 200
+    finally:
+        await metrics.stop()
+    page = render_page(snapshot, "#pod/team/half")
+
+    # The slice: whose, down to the container, and the agent's flag with its sentence.
+    nodes = page["nodes"]
+    assert re.search(r'<div class="slice selected violation over-limit" [^>]*'
+                     r'data-namespace="team"'
+                     r'[^>]*data-container="main"', nodes), nodes  # fmt: skip
+    assert '<b class="flag over-limit">over limit</b>team/half · main' in nodes
+    assert "OVER LIMIT (NVML measures" in nodes and OVER in nodes
+    assert '<span class="badge violation over-limit"' in page["pod"]
+
+    # The pending list: the longest waiting five, and how many there are in all.
+    assert text_of(page["pending-count"]).strip() == "7"
+    assert "showing 5 of 7 pending, longest waiting first" in page["pending-note"]
+    assert len(re.findall(r"<li [^>]*data-pod=", page["pending"])) == 5
+    assert "batch/job-0000" in page["pending"] and "batch/job-0005" not in page["pending"]
+
+    # One unit for every memory figure on the page.
+    shown = " ".join(text_of(html) for html in page.values())
+    other = "MiB" if unit == "GiB" else "GiB"
+    assert unit in shown and other not in shown, shown
+    figure = "40 GiB" if unit == "GiB" else "40,960 MiB"
+    assert f"20 GiB / {figure}" in shown if unit == "GiB" else f"20,480 MiB / {figure}" in shown
