@@ -7,8 +7,45 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from types import MappingProxyType
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+
+# Fields every line logged from this context carries unless it names them itself: a node
+# agent's lines name its node even where the code that logs has no node at hand (several
+# agents share one process under `vgpu up`). Tasks and to_thread calls inherit the context.
+_CONTEXT_FIELDS: ContextVar[Mapping[str, object]] = ContextVar(
+    "vgpu_log_fields", default=MappingProxyType({})
+)
+
+
+@contextmanager
+def log_fields(**fields: object) -> Iterator[None]:
+    """Within this block (and the tasks it starts), log records carry these fields."""
+    token = _CONTEXT_FIELDS.set({**_CONTEXT_FIELDS.get(), **fields})
+    try:
+        yield
+    finally:
+        _CONTEXT_FIELDS.reset(token)
+
+
+class ContextFields(logging.Filter):
+    """Adds the context's fields (log_fields) to records that lack them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for key, value in _CONTEXT_FIELDS.get().items():
+            if not hasattr(record, key):
+                setattr(record, key, value)
+        return True
+
+
+def add_context_fields(logger: logging.Logger) -> None:
+    if not any(isinstance(f, ContextFields) for f in logger.filters):
+        logger.addFilter(ContextFields())
 
 
 def fields_of(record: logging.LogRecord) -> dict[str, object]:

@@ -15,6 +15,7 @@ import grpc
 
 from services.common import subjects
 from services.common.bus import Bus
+from services.common.logs import add_context_fields, log_fields
 from services.common.schemas import AllocationEvent, GpuDevice, GpuUsage
 from services.common.tracing import setup_tracing
 from services.common.vitals import Vitals
@@ -75,6 +76,7 @@ from services.nodeagent.settings import (
 from services.nodeagent.verify import ComputeCheck, Verifier
 
 log = logging.getLogger("vgpu.nodeagent")
+add_context_fields(log)  # every line of an agent names its node (log_fields in start/stop)
 
 
 def agent_version() -> str:
@@ -182,11 +184,13 @@ class NodeAgent:
     async def start(self) -> None:
         if self._plugin_server is not None:
             return
-        try:
-            await self._start()
-        except BaseException:
-            await self.stop()
-            raise
+        # The agent's tasks, threads and gRPC handlers start here and inherit the field.
+        with log_fields(node=self._settings.node_name):
+            try:
+                await self._start()
+            except BaseException:
+                await self.stop()
+                raise
 
     def _open_backend(self) -> GpuBackend:
         s = self._settings
@@ -717,4 +721,5 @@ class NodeAgent:
         self._janitor = None
         self._verifier = None
         self._mps = None
-        await stack.aclose()
+        with log_fields(node=self._settings.node_name):
+            await stack.aclose()

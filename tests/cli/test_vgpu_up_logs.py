@@ -36,6 +36,9 @@ def test_a_pods_life_is_logged_with_its_pod_node_gpu_and_reason(tmp_path: Path) 
     assert re.search(rf'gpus=\["{gpu}"\]', claimed), claimed
     allocated = line_of(log, "allocated")
     assert f"node={node}" in allocated and re.search(rf'gpus=\["{gpu}"\]', allocated), allocated
+    # A line the agent logs where its code has no node at hand still names it.
+    registered = [line for line in log.splitlines() if ": registered with the kubelet " in line]
+    assert sorted(re.findall(r" node=(node-\d)", " ".join(registered))) == ["node-1", "node-2"]
     released = line_of(log, "pod released")
     assert "pod=default/half-gpu" in released and f"node={node}" in released
     assert re.search(rf'gpus=\["{gpu}"\]', released) and "reason=" in released, released

@@ -3,11 +3,12 @@ key=value after the message for people at a terminal (`vgpu up`'s default)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
 
-from services.common.logs import JsonFormatter, TextFormatter
+from services.common.logs import JsonFormatter, TextFormatter, add_context_fields, log_fields
 
 
 def record(message: str, **fields: object) -> logging.LogRecord:
@@ -50,3 +51,29 @@ def test_json_lines_carry_the_same_fields() -> None:
     entry = json.loads(JsonFormatter().format(record("pod bound", pod="ns/p", node="n1")))
     assert (entry["msg"], entry["pod"], entry["node"], entry["level"]) == (
         "pod bound", "ns/p", "n1", "info")  # fmt: skip
+
+
+async def test_a_context_names_the_node_of_every_line_logged_within_it() -> None:
+    logger = logging.getLogger("vgpu.test.context")
+    add_context_fields(logger)
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    handler = Keep()
+    logger.addHandler(handler)
+    try:
+        with log_fields(node="node-1"):
+            logger.warning("inside")
+            logger.warning("its own node wins", extra={"node": "node-9"})
+            # Tasks and threads started within inherit it (an agent's loops and NVML calls).
+            await asyncio.create_task(asyncio.to_thread(logger.warning, "in a thread"))
+        logger.warning("outside")
+    finally:
+        logger.removeHandler(handler)
+    assert [(r.getMessage(), getattr(r, "node", None)) for r in seen] == [
+        ("inside", "node-1"), ("its own node wins", "node-9"), ("in a thread", "node-1"),
+        ("outside", None),
+    ]  # fmt: skip
