@@ -2,7 +2,7 @@
 
 The NVML module is a constructor argument: production passes `pynvml`, tests pass a
 pynvml-compatible simulated module, so the very same code runs in both. Static facts (UUID,
-model, memory, SMs, PCI, NUMA, compute capability, MIG, NVLink) are read once at open; health
+model, memory, SMs, PCI, NUMA, compute capability, NVLink) are read once at open; health
 and utilisation are read on every call, and so are MIG mode and the MIG devices of a GPU in
 MIG mode (nvml_mig.py), since instances come and go under the agent (dynamic MIG, mig-parted,
 `nvidia-smi mig`). A GPU that stops answering (lost, or gone from the device list) stays
