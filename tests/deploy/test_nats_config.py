@@ -215,6 +215,18 @@ async def _until(condition: Callable[[], bool], what: str, timeout: float = 15.0
         await asyncio.sleep(0.05)
 
 
+async def _ask_until_answered(bus: Bus, subject: str, timeout: float = 15.0) -> Any:
+    """A request across servers: a subscription reaches the other servers of the cluster
+    some time after it is made (longer on a loaded machine); until then nobody answers."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await bus.client.request(subject, b"{}", timeout=5)
+        except nats.errors.NoRespondersError:
+            assert time.monotonic() < deadline, f"nobody answered {subject} in {timeout} s"
+            await asyncio.sleep(0.1)
+
+
 async def test_logins_need_the_right_password(cluster: Cluster) -> None:
     refused = [
         cluster.url("vgpu-metrics").replace("vgpu-metrics:", "nobody:"),
@@ -264,9 +276,9 @@ async def test_every_flow_of_vgpu_works_across_the_cluster(cluster: Cluster) -> 
             await allocator.client.publish(msg.reply, b'{"age_s": 1.0}')
 
         await allocator.client.subscribe(subjects.ALLOC_FILTER_PASS, cb=passed)
+        await allocator.client.flush()
         async with _connected(cluster.url("vgpu-allocator", 2), "peer") as peer:
-            await asyncio.sleep(0.2)
-            reply = await peer.client.request(subjects.ALLOC_FILTER_PASS, b"{}", timeout=5)
+            reply = await _ask_until_answered(peer, subjects.ALLOC_FILTER_PASS)
             assert reply.data == b'{"age_s": 1.0}'
         # Allocator: allocation events and pending pods out.
         await allocator.publish(subjects.alloc_events("gpu-1.example"), Ping(text="bound"))
