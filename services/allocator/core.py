@@ -33,6 +33,7 @@ DEFAULT_POLICY = "hostpack"  # measured best on the openb trace: docs/simulate.m
 MIX_REFRESH_PER_CALL = 16  # cached scores refreshed per call after the mix moved
 SHARED_RESULTS_LIMIT = 200_000  # results kept per node signature before starting afresh
 RESULT_COLUMNS_LIMIT = 128  # pod shapes whose per-node results best_node keeps as columns
+GROUP_FROM = 32  # stale nodes in one call from which they are evaluated once per signature
 
 
 @dataclass
@@ -537,16 +538,11 @@ class PlacementCore:
             pod.memory_mib,
         )
         columns = self._result_columns(key, table)
-        evaluate = self._evaluate
-        for row in np.flatnonzero(may & ~columns.valid(table, mix_version)).tolist():
-            node = table.nodes[row]
-            result = evaluate(node, pod, key)
-            cached: Any = node.cache.get(key)
-            version, mix = (cached[0], cached[1]) if cached and cached[2] is result else (-1, 0)
-            if type(result) is _Fit:
-                columns.store(row, version, mix, result, result.raw_score, result.host_view)
-            else:
-                columns.store(row, version, mix, result, None, None)
+        stale = np.flatnonzero(may & ~columns.valid(table, mix_version))
+        if len(stale) > GROUP_FROM and self._alike_by_signature(pod):
+            self._evaluate_by_signature(pod, key, table, columns, stale)
+        else:
+            self._evaluate_rows(pod, key, table, columns, stale.tolist())
         rows = np.flatnonzero(may & columns.fit)
         if not rows.size:
             return None
@@ -567,6 +563,72 @@ class PlacementCore:
                     ]
                 )
         return table.names[int(rows[np.argmax(scores)])]  # the first best: the lowest name
+
+    def _evaluate_rows(
+        self,
+        pod: PodRequest,
+        key: tuple[object, ...],
+        table: NodeTable,
+        columns: ResultColumns,
+        rows: list[int],
+    ) -> list[object]:
+        """_evaluate on each row's node, in order; the results mirrored into `columns`."""
+        evaluate = self._evaluate
+        results: list[object] = []
+        for row in rows:
+            node = table.nodes[row]
+            result = evaluate(node, pod, key)  # type: ignore[arg-type]
+            cached: Any = node.cache.get(key)
+            version, mix = (cached[0], cached[1]) if cached and cached[2] is result else (-1, 0)
+            if type(result) is _Fit:
+                columns.store(row, version, mix, result, result.raw_score, result.host_view)
+            else:
+                columns.store(row, version, mix, result, None, None)
+            results.append(result)
+        return results
+
+    def _alike_by_signature(self, pod: PodRequest) -> bool:
+        """Whether nodes of equal signature give the pod equal results, whatever their cache
+        holds: policies of GPU state only that never read the workload mix (a mix policy's
+        cached scores may lag the mix, node by node), and no GPU named by UUID."""
+        policies = self.policies_of(pod)
+        return (
+            all(getattr(p, "gpu_state_only", False) for p in policies)
+            and not any(getattr(p, "uses_mix", False) for p in policies)
+            and not (pod.selection.use_uuids or pod.selection.nouse_uuids)
+        )
+
+    def _evaluate_by_signature(
+        self,
+        pod: PodRequest,
+        key: tuple[object, ...],
+        table: NodeTable,
+        columns: ResultColumns,
+        stale: np.ndarray,
+    ) -> None:
+        """Many stale rows (a shape not met for a while): one evaluation per distinct node
+        signature, its result copied to the rows alike (what _evaluate's shared results
+        would give each of them, without a call per node)."""
+        signatures = table.signature_ids()[stale]
+        _, first, group = np.unique(signatures, return_index=True, return_inverse=True)
+        results = self._evaluate_rows(pod, key, table, columns, stale[first].tolist())
+        fit = np.array([type(r) is _Fit for r in results])
+        raw = np.array([r.raw_score if type(r) is _Fit else 0.0 for r in results])
+        columns.version[stale] = table.version[stale]
+        columns.mix[stale] = self._call_mix_version
+        columns.fit[stale] = fit[group]
+        columns.raw[stale] = raw[group]
+        for row, index in zip(stale.tolist(), group.tolist(), strict=True):
+            columns.results[row] = results[index]
+        views = [r.host_view if type(r) is _Fit else None for r in results]
+        shown = [v for v in views if isinstance(v, tuple)]
+        if shown:
+            width = len(shown[0])
+            has = np.array([isinstance(v, tuple) for v in views])[group]
+            matrix = np.array([v if isinstance(v, tuple) else (0.0,) * width for v in views])
+            if columns.views is None:
+                columns.views = np.zeros((len(columns.version), width))
+            columns.views[stale[has]] = matrix[group[has]]
 
     def _result_columns(self, key: tuple[object, ...], table: NodeTable) -> ResultColumns:
         if self._columns_layout != table.layout:

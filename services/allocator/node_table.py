@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from .cluster import ClusterState, NodeState
 
 
+SIGNATURES_LIMIT = 200_000  # distinct node signatures numbered before numbering afresh
+_SIGNATURE_KEY = ("node-table", "signature")
+
+
 class NodeTable:
     """The cluster's nodes in name order (as ``ClusterState.nodes``), one row each."""
 
@@ -66,6 +70,7 @@ class NodeTable:
         self._model_codes: dict[str, int] = {}
         self.model = np.full(count, -1, **ints)  # the node's only GPU model; -1: several/none
         self._derived: dict[object, tuple[np.ndarray, np.ndarray]] = {}
+        self._signatures: dict[tuple[object, ...], int] = {}
         for row, node in enumerate(nodes):
             self._read(row, node)
 
@@ -103,6 +108,16 @@ class NodeTable:
             values[row] = compute(self.nodes[row])
             versions[row] = self.version[row]
         return values
+
+    def signature_ids(self) -> np.ndarray:
+        """Each node's NodeState.signature() as a number: equal numbers, equal signatures."""
+        if len(self._signatures) > SIGNATURES_LIMIT:  # old states pile up: start afresh
+            self._signatures.clear()
+            self._derived.pop(_SIGNATURE_KEY, None)
+        return self.derived(_SIGNATURE_KEY, self._signature_id)
+
+    def _signature_id(self, node: NodeState) -> float:
+        return self._signatures.setdefault(node.signature(), len(self._signatures))
 
     def _model_code(self, model: str) -> int:
         code = self._model_codes.get(model)
