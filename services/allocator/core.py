@@ -9,6 +9,7 @@ policies that read the workload mix, by the mix snapshot: a bind invalidates one
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -27,7 +28,14 @@ from .modes import mode_refusals
 from .node_table import NodeTable, ResultColumns
 from .placement import NodePlacement, NoFit, describe_request, host_problem, need_text, place_pod
 from .pod_request import NUMA_BIND, PodRequest, Selection, parse_pod
-from .policies import MAX_SCORE, POLICIES, Policy, ScoreContext, relative_scores
+from .policies import (
+    MAX_SCORE,
+    POLICIES,
+    Policy,
+    ScoreContext,
+    relative_scores,
+    relative_scores_of,
+)
 
 DEFAULT_POLICY = "hostpack"  # measured best on the openb trace: docs/simulate.md
 MIX_REFRESH_PER_CALL = 16  # cached scores refreshed per call after the mix moved
@@ -121,6 +129,8 @@ class PlacementCore:
         # best_node's scan over every node: per cache key, each node's result (node_table.py).
         self._columns: OrderedDict[tuple[object, ...], ResultColumns] = OrderedDict()
         self._columns_layout = -1
+        # Scoring verbs scan columns (False: node by node; the tests compare the two).
+        self.scan_columns = True
 
     # -- requests -------------------------------------------------------------------------
 
@@ -442,6 +452,12 @@ class PlacementCore:
         """The node policy's own scores (higher is better) of the nodes that can take the pod."""
         if not pod.containers:
             return {}
+        if self.scan_columns:
+            table, rows, scores = self._scan(
+                pod, MIX_REFRESH_PER_CALL, list(dict.fromkeys(node_names))
+            )
+            names = table.names
+            return dict(zip([names[r] for r in rows.tolist()], scores.tolist(), strict=True))
         score = self._scorer(pod)
         return {
             name: score(result, node)  # type: ignore[arg-type]
@@ -489,9 +505,19 @@ class PlacementCore:
             scores.update(relative_scores(self.cpu_pod_scores(pod, names)))
             return scores
         if not getattr(node_policy, "absolute", False) or not pod.containers:
+            if self.scan_columns and getattr(node_policy, "relative", False):
+                table, rows, raw = self._scan(pod, MIX_REFRESH_PER_CALL, names)
+                found = [table.names[r] for r in rows.tolist()]
+                scores.update(zip(found, relative_scores_of(raw).tolist(), strict=True))
+                return scores
             scores.update(node_policy.to_scores(self.raw_scores(pod, names)))
             return scores
         # Absolute 0..10 scores are cached per node with the fit: one pass, no rescaling.
+        if self.scan_columns:
+            table, rows, _ = self._scan(pod, MIX_REFRESH_PER_CALL, names)
+            found = [table.names[r] for r in rows.tolist()]
+            scores.update(zip(found, self._score10(pod, rows).tolist(), strict=True))
+            return scores
         for name, _, result in self._results(pod, names, False):
             if type(result) is _Fit:
                 scores[name] = result.score10
@@ -506,7 +532,7 @@ class PlacementCore:
             return self._best_cpu_node(pod, names)
         if self.never_fits(pod):
             return None
-        if node_names is None:
+        if node_names is None and self.scan_columns:
             return self._best_of_all(pod)
         # One pass (filter + raw_scores would evaluate every passing node twice).
         # As filter + raw_scores would refresh.
@@ -521,12 +547,23 @@ class PlacementCore:
         return best_name or None
 
     def _best_of_all(self, pod: PodRequest) -> str | None:
-        """best_node over every node, as a scan of the node table: the same tests, cache,
-        refresh budget, scores and tie-break as the loop over `_results`, with the per-node
-        tests and the scoring done on columns. Only nodes whose cached result is stale are
-        evaluated one by one (in name order, as the loop would)."""
+        """best_node over every node, as a scan of the node table (`_scan`)."""
+        # As filter + raw_scores would refresh.
+        table, rows, scores = self._scan(pod, 2 * MIX_REFRESH_PER_CALL, None)
+        if not rows.size:
+            return None
+        return table.names[int(rows[np.argmax(scores)])]  # the first best: the lowest name
+
+    def _scan(
+        self, pod: PodRequest, refresh: int, given: list[str] | None
+    ) -> tuple[NodeTable, np.ndarray, np.ndarray]:
+        """The nodes that can take the pod (table rows, in name order or the order of
+        `given`) and their exact scores: what `_results` and `_scorer` give node by node,
+        with the per-node tests and the scoring done on columns. The same tests, cache,
+        refresh budget and scores; only nodes whose cached result is stale are evaluated,
+        through `_evaluate`, in the same order."""
         key = self._key(pod)
-        self._refresh_budget = 2 * MIX_REFRESH_PER_CALL  # as filter + raw_scores would refresh
+        self._refresh_budget = refresh
         mix_version = self._call_mix_version
         table = self.cluster.table()
         single = pod.containers[0] if len(pod.containers) == 1 else None
@@ -537,19 +574,25 @@ class PlacementCore:
             pod.cpu_milli,
             pod.memory_mib,
         )
+        if given is None:
+            candidates = np.flatnonzero(may)
+        else:
+            index = table.index
+            found = map(index.get, given, itertools.repeat(-1))
+            rows = np.fromiter(found, np.int64, len(given))
+            rows = rows[rows >= 0]  # a node never heard of cannot take it
+            candidates = rows[may[rows]]
         columns = self._result_columns(key, table)
-        stale = np.flatnonzero(may & ~columns.valid(table, mix_version))
+        stale = candidates[~columns.valid(table, mix_version)[candidates]]
         if len(stale) > GROUP_FROM and self._alike_by_signature(pod):
             self._evaluate_by_signature(pod, key, table, columns, stale)
         else:
             self._evaluate_rows(pod, key, table, columns, stale.tolist())
-        rows = np.flatnonzero(may & columns.fit)
-        if not rows.size:
-            return None
+        rows = candidates[columns.fit[candidates]]
         scores = columns.raw[rows]
         node_policy = self.policies_of(pod)[0]
         host_score = getattr(node_policy, "host_score", None)
-        if host_score is not None:
+        if host_score is not None and rows.size:
             ctx = ScoreContext(self.mix.snapshot(), self.cluster, self.mix.model_shares())
             host_scores = getattr(node_policy, "host_scores", None)
             if host_scores is not None and columns.views is not None:
@@ -562,7 +605,11 @@ class PlacementCore:
                         for r in rows.tolist()
                     ]
                 )
-        return table.names[int(rows[np.argmax(scores)])]  # the first best: the lowest name
+        return table, rows, scores
+
+    def _score10(self, pod: PodRequest, rows: np.ndarray) -> np.ndarray:
+        """The cached 0..10 scores of `rows` for the pod's shape (after a `_scan` of it)."""
+        return self._columns[self._key(pod)].score10[rows]
 
     def _evaluate_rows(
         self,
@@ -581,9 +628,11 @@ class PlacementCore:
             cached: Any = node.cache.get(key)
             version, mix = (cached[0], cached[1]) if cached and cached[2] is result else (-1, 0)
             if type(result) is _Fit:
-                columns.store(row, version, mix, result, result.raw_score, result.host_view)
+                columns.store(
+                    row, version, mix, result, result.raw_score, result.score10, result.host_view
+                )
             else:
-                columns.store(row, version, mix, result, None, None)
+                columns.store(row, version, mix, result, None, 0, None)
             results.append(result)
         return results
 
@@ -614,10 +663,12 @@ class PlacementCore:
         results = self._evaluate_rows(pod, key, table, columns, stale[first].tolist())
         fit = np.array([type(r) is _Fit for r in results])
         raw = np.array([r.raw_score if type(r) is _Fit else 0.0 for r in results])
+        score10 = np.array([r.score10 if type(r) is _Fit else 0 for r in results])
         columns.version[stale] = table.version[stale]
         columns.mix[stale] = self._call_mix_version
         columns.fit[stale] = fit[group]
         columns.raw[stale] = raw[group]
+        columns.score10[stale] = score10[group]
         for row, index in zip(stale.tolist(), group.tolist(), strict=True):
             columns.results[row] = results[index]
         views = [r.host_view if type(r) is _Fit else None for r in results]

@@ -160,6 +160,7 @@ class ResultColumns:
         self.mix = np.zeros(rows, dtype=np.int64)
         self.fit = np.zeros(rows, dtype=bool)
         self.raw = np.zeros(rows)
+        self.score10 = np.zeros(rows, dtype=np.int64)  # absolute_scores of raw
         self.results: list[object] = [None] * rows
         self.views: np.ndarray | None = None  # rows x len(host view), when it is numeric
 
@@ -173,6 +174,7 @@ class ResultColumns:
         mix_version: int,
         result: object,
         raw: float | None,
+        score10: int,
         view: object,
     ) -> None:
         """`result` is a fit when `raw` is not None."""
@@ -182,6 +184,7 @@ class ResultColumns:
         fit = raw is not None
         self.fit[row] = fit
         self.raw[row] = raw if fit else 0.0
+        self.score10[row] = score10
         if fit and isinstance(view, tuple):
             if self.views is None:
                 self.views = np.zeros((len(self.version), len(view)))

@@ -132,6 +132,18 @@ def relative_scores(raw: Mapping[str, float]) -> dict[str, int]:
     }
 
 
+def relative_scores_of(raw: np.ndarray) -> np.ndarray:
+    """relative_scores of an array of raw scores, to the same integers (Python's round and
+    numpy's rint both round half to even)."""
+    if not raw.size:
+        return np.zeros(0, dtype=np.int64)
+    low, high = raw.min(), raw.max()
+    if high - low < 1e-9:
+        return np.full(raw.size, MAX_SCORE, dtype=np.int64)
+    scaled = np.minimum(MAX_SCORE - 1, np.rint((MAX_SCORE - 1) * (raw - low) / (high - low)))
+    return np.where(high - raw < 1e-9, MAX_SCORE, scaled).astype(np.int64)
+
+
 class Binpack:
     """Fill what is already used: fuller GPUs and nodes first (HAMi's default node policy)."""
 
@@ -201,6 +213,7 @@ class Fgd:
     """Place where the expected fragmentation of the cluster grows least (Weng et al. 2023)."""
 
     name = "fgd"
+    relative = True  # to_scores is relative_scores: the core may score arrays
     uses_mix = True  # scores depend on the workload mix: caches refresh when it moves
     gpu_state_only = True
 
@@ -248,6 +261,7 @@ class HostPack(Binpack):
 
     name = "hostpack"
     absolute = False  # scores can be negative: relative_scores
+    relative = True  # to_scores is relative_scores: the core may score arrays
 
     def __init__(
         self,

@@ -121,6 +121,9 @@ class ReplayResult:
     alloc_at: dict[float, float] = field(default_factory=dict)  # demand -> allocation ratio
     curve: list[tuple[float, float]] = field(default_factory=list)  # (demand, ratio)
     decision_ms: list[float] = field(default_factory=list)
+    # The same decisions in CPU time of the deciding thread: what wall time would be on an
+    # idle machine (on a shared one, wall time also counts other processes' turns).
+    decision_cpu_ms: list[float] = field(default_factory=list)
     seconds: float = 0.0
     recorded_ms: dict[float, float] = field(default_factory=dict)  # percentiles, from a record
     method: str = "vgpu"  # vgpu: through vgpu's engine; paper: the FGD paper's simulator
@@ -130,6 +133,11 @@ class ReplayResult:
             return self.recorded_ms.get(q, 0.0)
         ordered = sorted(self.decision_ms)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    def cpu_percentile_ms(self, q: float) -> float:
+        """percentile_ms of the decisions' CPU time (0 when not measured)."""
+        ordered = sorted(self.decision_cpu_ms)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
     def to_json(self) -> dict[str, Any]:
         def at(level: float) -> float | None:
@@ -307,12 +315,13 @@ def replay(
     asked = allocated = 0.0
     curve = CurveRecorder(result)
     started = time.perf_counter()
-    timer = time.perf_counter
+    timer, cpu_timer = time.perf_counter, time.thread_time
     for number, pod in enumerate(sequence):
-        begin = timer()
+        begin, cpu_begin = timer(), cpu_timer()
         placed = _place(core, pod, f"u{number}", placer)
         if pod.num_gpu:
             result.decision_ms.append((timer() - begin) * 1000)
+            result.decision_cpu_ms.append((cpu_timer() - cpu_begin) * 1000)
         if placed:
             allocated += pod.gpu_demand
         else:

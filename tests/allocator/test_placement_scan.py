@@ -1,11 +1,11 @@
-"""best_node's scan of the node table places exactly as the loop over every node does (and
-the simulator's least_stranded for CPU-only pods as its own loop).
+"""best_node's and prioritize's scan of the node table score exactly as the loop over the
+nodes does (and the simulator's least_stranded for CPU-only pods as its own loop).
 
 Two identical clusters take the same random stream of events (GPU pods of every openb shape,
 multi-container pods, CPU-only pods, pods ending, host usage from outside, nodes joining, going
-silent and coming back): one core answers best_node by the column scan (node_table.py), the
-other by the per-node loop that filter and prioritize use. Every answer and every allocation
-must be the same, for every policy.
+silent and coming back): one core scores by the column scan (node_table.py), the other node
+by node (``scan_columns = False``), as filter still does. Every best_node answer and every
+allocation must be the same, for every policy; so must prioritize's scores of some names.
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ def _replay_both(policy: str, seed: int, events: int = 400) -> int:
     now = [0.0]
     nodes = _nodes(rng, 60)
     scan, loop = (Twin(policy, seed, nodes, lambda: now[0]) for _ in range(2))
+    loop.core.scan_columns = False
     placed: list[str] = []
     decisions = 0
     for number in range(events):
@@ -127,8 +128,13 @@ def _replay_both(policy: str, seed: int, events: int = 400) -> int:
         if requests[0].containers:
             for twin, request in zip((scan, loop), requests, strict=True):
                 twin.core.observe(request)
+            if rng.random() < 0.3:  # as the extender asks: some names, in its order
+                names = [i.node for i in rng.sample(nodes, 25)] + ["unknown-node"]
+                assert scan.core.prioritize(requests[0], names) == loop.core.prioritize(
+                    requests[1], names
+                )
             chosen = scan.core.best_node(requests[0])
-            expected = loop.core.best_node(requests[1], loop.core.cluster.nodes())
+            expected = loop.core.best_node(requests[1])
         else:  # the simulator's stand-in for kube-scheduler
             requests = [
                 dataclasses.replace(
