@@ -574,6 +574,9 @@ class PlacementCore:
             pod.cpu_milli,
             pod.memory_mib,
         )
+        if pod.selection.use_types or pod.selection.nouse_types:
+            # A node whose every GPU is of a model the pod refuses can never fit it.
+            may &= table.allows_models(pod.selection.allows_model)
         if given is None:
             candidates = np.flatnonzero(may)
         else:

@@ -133,6 +133,11 @@ class NodeTable:
             return np.zeros(len(rows), dtype=bool)
         return np.isin(self.model[rows], codes)
 
+    def allows_models(self, allows: Callable[[str], bool]) -> np.ndarray:
+        """False for the rows whose only GPU model `allows` refuses."""
+        refused = [code for code, model in enumerate(self.model_names) if not allows(model)]
+        return ~np.isin(self.model, refused) if refused else np.ones(len(self.names), bool)
+
     def may_take(
         self, fresh_since: float, gpus: int, cores: int, cpu_milli: int, memory_mib: int
     ) -> np.ndarray:
