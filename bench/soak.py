@@ -2,13 +2,15 @@
 processes, with kill -9 of NATS, of the leading allocator and of a node agent on a schedule.
 
 Two allocator replicas, three node agents with their kubelet simulators, a nats-server with
-its JetStream store on disk (the processes of tests/faults/harness.py); the API server is the
-in-process fake and this script plays kube-scheduler. At the end it audits the pods the API
-server has bound against JetStream KV and prints: pods placed, lost slices, double bookings,
+its JetStream store on disk (the processes of bench/fault_rig.py, which tests/faults uses
+too); the API server is the in-process fake and this script plays kube-scheduler. At the end
+it audits the pods the API server has bound against JetStream KV and prints: pods placed,
+pods refused for lack of room, placements that failed inside a fault's window (and outside
+any: there should be none), lost slices, double bookings, bookings of deleted pods left,
 p50/p99 placement latency, recovery per fault, RSS growth of the processes never killed.
 
-    .venv/bin/python -m bench.soak --minutes 2        # smoke
-    .venv/bin/python -m bench.soak                    # an hour at 50 pods/s
+    .venv/bin/python -m bench.soak                    # 2 minutes at 50 pods/s (smoke)
+    .venv/bin/python -m bench.soak --hour             # an hour at 50 pods/s
 """
 
 from __future__ import annotations
@@ -22,31 +24,37 @@ import signal
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from bench.report import write_section
-from services.common.bus import Bus
-from services.common.embedded_nats import EmbeddedNats
-from services.simulators.apiserver import FakeApiServer
-from tests.faults.harness import (
+from bench.fault_rig import (
     Processes,
     audit,
     free_port,
     kill9,
+    place,
     pod,
     schedule,
+    wait_alive,
     wait_for_nodes,
     wait_until_ready,
 )
+from bench.report import write_section
+from services.common.bus import Bus
+from services.common.embedded_nats import EmbeddedNats
+from services.common.processes import process_alive
+from services.simulators.apiserver import FakeApiServer
 
 NODES = ["n0", "n1", "n2"]
 GPUS = 4
 POD_MIB = 1000
 LIVE_PODS = 300  # churn keeps about this many bound; 480 places in all
 SETTLE_S = 75.0  # the allocator's bound for freeing a missed delete (60 s grace + 5 s round)
+WINDOW_MARGIN_S = 2.0  # a fault's window: from the kill to its recovery, plus this
+FAULTS = ("nats", "allocator", "agent")
 
 
 def rss_kib(pid: int) -> int:
@@ -54,6 +62,19 @@ def rss_kib(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0
+
+
+@dataclass
+class Window:
+    """From a kill to the fault's recovery (end 0: not recovered yet)."""
+
+    fault: str
+    start: float
+    end: float = 0.0
+
+    def overlaps(self, start: float, end: float) -> bool:
+        closed = self.end + WINDOW_MARGIN_S if self.end else float("inf")
+        return start <= closed and end >= self.start
 
 
 class Soak:
@@ -64,16 +85,23 @@ class Soak:
         self.fault_every_s = fault_every_s
         self.latencies: list[float] = []
         self.placed = 0
-        self.refused = 0
-        self.recoveries: dict[str, list[float]] = {"nats": [], "allocator": [], "agent": []}
+        self.no_room = 0  # a replica judged every node and none had room: not a failure
+        self.failed: dict[str, int] = {fault: 0 for fault in FAULTS}  # inside that window
+        self.failed_outside = 0  # failures inside no fault's window
+        self.errors: dict[str, int] = {}  # the last error of failures outside any window
+        self.windows: list[Window] = []
+        self.recoveries: dict[str, list[float]] = {fault: [] for fault in FAULTS}
         self.live: list[dict[str, Any]] = []
+        self.deleted_at: dict[str, float] = {}  # uid -> when the churn deleted its pod
+        self.deleted_wall: dict[str, float] = {}  # the same, Unix time (bookings carry it)
         self.pending: set[asyncio.Task[None]] = set()  # pods being scheduled
+        self.log_level = "warning"
 
     async def run(self) -> dict[str, Any]:
         nats = EmbeddedNats(store_dir=str(self.workdir / "jetstream")).start()
         api = FakeApiServer()
         await api.start()
-        procs = Processes(self.workdir, nats.url, api.url)
+        procs = Processes(self.workdir, nats.url, api.url, log_level=self.log_level)
         bus_box: list[Bus] = []
         try:
             return await self._run(nats, api, procs, bus_box)
@@ -96,7 +124,8 @@ class Soak:
         bus_box.append(bus)
         timeout = aiohttp.ClientTimeout(total=5)
         async with aiohttp.ClientSession(timeout=timeout) as http:
-            await wait_until_ready(http, self.urls[0])
+            # Either replica may take the lease first; none within a minute is an error.
+            await wait_until_ready(http, self.urls[await self._leader(http, timeout_s=60)], 1)
             probe = await api.create_pod(pod("probe", POD_MIB))
             for url in self.urls:
                 await wait_for_nodes(http, url, probe, NODES)
@@ -114,6 +143,9 @@ class Soak:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            if nats.pid is None or not process_alive(nats.pid):
+                await nats.start_async()  # the run ended inside a NATS fault: end it first
+            ended_at = time.monotonic()
             await asyncio.sleep(3)  # answers in flight land; the leader frees deleted pods
             rss_end = {k: rss_kib(p.pid) for k, p in watched.items() if p is not None}
             for url in self.urls:
@@ -121,26 +153,59 @@ class Soak:
                     await wait_until_ready(http, url, timeout_s=2)
                 except AssertionError:
                     continue
-            # The leader frees a deleted pod at once, and one whose delete it missed (it was
-            # not leading, or the bus was away) within release_unbound_after_s (60 s) plus a
-            # reconcile round: wait that long before counting what is left.
+            first = await audit(api, bus)
+            stale_first = self._explain(first.phantom, first.booked_at)
+            # A delete no leader heard is freed by the leader's reconciliation within
+            # release_unbound_after_s (60 s) plus a round: wait that long before counting.
             deadline = time.monotonic() + SETTLE_S
-            result = await audit(api, bus)
-            while result.phantom and time.monotonic() < deadline:  # deletions being freed
+            result = first
+            while result.phantom and time.monotonic() < deadline:
                 await asyncio.sleep(1)
                 result = await audit(api, bus)
         return {
             "placed": self.placed,
-            "refused": self.refused,
+            "no_room": self.no_room,
+            "failed": dict(self.failed),
+            "failed_outside": self.failed_outside,
+            "errors": dict(self.errors),
             "lost": len(result.lost),
             "double": len(result.duplicates) + len(result.over_booked),
+            "stale_first": stale_first,
             "stale": len(result.phantom),
+            "settled_s": time.monotonic() - ended_at,
             "bound_at_end": len(result.bound),
             "p50_ms": 1000 * statistics.median(self.latencies) if self.latencies else 0.0,
             "p99_ms": 1000 * _quantile(self.latencies, 0.99),
             "recoveries": self.recoveries,
             "rss": {k: (rss_start[k], rss_end.get(k, 0)) for k in rss_start},
         }
+
+    def _explain(self, phantom: set[str], booked_at: dict[str, float]) -> dict[str, int]:
+        """Bookings of pods the API server no longer has, by what was going on when the
+        churn deleted the pod, and whether the booking was made after the delete."""
+        why: dict[str, int] = {}
+        for uid in phantom:
+            at = self.deleted_at.get(uid)
+            if at is None:
+                reason = "not deleted by the churn"
+            else:
+                inside = [w.fault for w in self.windows if w.overlaps(at, at)]
+                reason = f"deleted during a {inside[0]} fault" if inside else "deleted, no fault"
+                if booked_at.get(uid, 0.0) > self.deleted_wall[uid]:
+                    reason += ", booked after the delete"
+            why[reason] = why.get(reason, 0) + 1
+        return why
+
+    def _fault_of(self, start: float, end: float) -> str | None:
+        for window in self.windows:
+            if window.overlaps(start, end):
+                return window.fault
+        return None
+
+    async def _delete(self, api: FakeApiServer, p: dict[str, Any]) -> None:
+        self.deleted_at[p["metadata"]["uid"]] = time.monotonic()
+        self.deleted_wall[p["metadata"]["uid"]] = time.time()
+        await api.delete_pod("faults", p["metadata"]["name"])
 
     async def _churn(self, http: aiohttp.ClientSession, api: FakeApiServer) -> None:
         serial = 0
@@ -150,17 +215,23 @@ class Soak:
         async def one(p: dict[str, Any]) -> None:
             async with gate:
                 started = time.monotonic()
-                node = await schedule(http, random.sample(self.urls, 2), p, NODES)
-                if node is None:
-                    self.refused += 1
-                    await api.delete_pod("faults", p["metadata"]["name"])
+                outcome = await place(http, random.sample(self.urls, 2), p, NODES)
+                if outcome.node is None:
+                    fault = self._fault_of(started, time.monotonic())
+                    if outcome.no_room:
+                        self.no_room += 1
+                    elif fault is not None:
+                        self.failed[fault] += 1
+                    else:
+                        self.failed_outside += 1
+                        self.errors[outcome.error] = self.errors.get(outcome.error, 0) + 1
+                    await self._delete(api, p)  # the scheduler gives it up
                     return
                 self.latencies.append(time.monotonic() - started)
                 self.placed += 1
                 self.live.append(p)
                 while len(self.live) > LIVE_PODS:
-                    gone = self.live.pop(0)
-                    await api.delete_pod("faults", gone["metadata"]["name"])
+                    await self._delete(api, self.live.pop(0))
 
         next_at = time.monotonic()
         while True:
@@ -175,10 +246,11 @@ class Soak:
     async def _faults(
         self, http: aiohttp.ClientSession, nats: EmbeddedNats, procs: Processes, api: FakeApiServer
     ) -> None:
-        kinds = ["nats", "allocator", "agent"]
         for turn in range(10**6):
             await asyncio.sleep(self.fault_every_s)
-            kind = kinds[turn % 3]
+            kind = FAULTS[turn % len(FAULTS)]
+            window = Window(kind, time.monotonic())
+            self.windows.append(window)
             if kind == "nats":
                 assert nats.pid is not None
                 os.kill(nats.pid, signal.SIGKILL)
@@ -196,15 +268,19 @@ class Soak:
                 self.recoveries["allocator"].append(time.monotonic() - killed_at)
                 port = int(self.urls[leader].rsplit(":", 1)[1])
                 self.allocators[leader] = procs.allocator(port, f"replica-{leader}", 2.0)
+                with contextlib.suppress(AssertionError):  # the window ends when it serves
+                    await wait_alive(http, self.urls[leader], timeout_s=60)
             else:
                 kill9(procs.nodes["n0"].agent)  # type: ignore[arg-type]
                 procs.start_agent("n0", gpus=GPUS, split_count=50)
                 started = time.monotonic()
                 await self._until_agent_serves(http, "n0")
                 self.recoveries["agent"].append(time.monotonic() - started)
+            window.end = time.monotonic()
 
-    async def _leader(self, http: aiohttp.ClientSession) -> int:
-        for _ in range(200):
+    async def _leader(self, http: aiohttp.ClientSession, timeout_s: float = 20) -> int:
+        """The replica that leads (answers /readyz 200); replica 0 if none within the time."""
+        for _ in range(int(timeout_s * 10)):
             for i, url in enumerate(self.urls):
                 try:
                     async with http.get(f"{url}/readyz") as response:
@@ -256,42 +332,86 @@ def _fmt(values: list[float]) -> str:
     return f"{len(values)}x, median {statistics.median(values):.2f} s, max {max(values):.2f} s"
 
 
+def _counts(counts: dict[str, int]) -> str:
+    shown = ", ".join(f"{reason}: {n}" for reason, n in sorted(counts.items()) if n)
+    return shown or "none"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--minutes", type=float, default=60.0)
+    parser.add_argument("--minutes", type=float, default=2.0, help="length of the churn")
     parser.add_argument("--rate", type=float, default=50.0, help="pods created per second")
+    parser.add_argument(
+        "--hour", action="store_true",
+        help="the long run: 60 minutes at 50 pods/s (overrides --minutes and --rate)",
+    )  # fmt: skip
     parser.add_argument(
         "--fault-every", type=float, default=0.0,
         help="seconds between faults (default: 7 a run, at least 20 s apart)",
     )  # fmt: skip
+    parser.add_argument(
+        "--keep", metavar="DIR", default="",
+        help="run in DIR and keep it (each process's log, the JetStream store)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--log-level", default="warning",
+        help="of the vgpu processes (with --keep, read their logs after the run)",
+    )  # fmt: skip
     parser.add_argument("--no-write", action="store_true", help="do not write docs/benchmarks.md")
     args = parser.parse_args()
+    if args.hour:
+        args.minutes, args.rate = 60.0, 50.0
     every = args.fault_every or max(20.0, args.minutes * 60 / 7)
-    with tempfile.TemporaryDirectory(prefix="vgpu-soak-") as workdir:
-        soak = Soak(Path(workdir), args.rate, args.minutes, every)
+    with contextlib.ExitStack() as stack:
+        if args.keep:
+            workdir = Path(args.keep)
+            workdir.mkdir(parents=True, exist_ok=True)
+        else:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vgpu-soak-")))
+        soak = Soak(workdir, args.rate, args.minutes, every)
+        soak.log_level = args.log_level
         figures = asyncio.run(soak.run())
-    achieved = (figures["placed"] + figures["refused"]) / (args.minutes * 60)
+    report = render(figures, args.minutes, args.rate, every, "--hour" if args.hour else "")
+    print(report)
+    if not args.no_write:
+        write_section("soak", report)
+
+
+def render(figures: dict[str, Any], minutes: float, rate: float, every: float, flag: str) -> str:
+    failed = sum(figures["failed"].values())
+    created = figures["placed"] + figures["no_room"] + failed + figures["failed_outside"]
+    achieved = created / (minutes * 60)
     rss = ", ".join(
         f"{k} {a / 1024:.0f} -> {b / 1024:.0f} MiB" for k, (a, b) in figures["rss"].items()
     )
+    command = flag or f"--minutes {minutes:g} --rate {rate:g}"
+    outside = str(figures["failed_outside"])
+    if figures["errors"]:
+        outside += f" ({_counts(figures['errors'])})"
     lines = [
         "## Soak: churn with kill -9 faults (`bench/soak.py`)",
         "",
-        f"Command: `.venv/bin/python -m bench.soak --minutes {args.minutes:g} --rate "
-        f"{args.rate:g}`; a fault every {every:.0f} s in turn: kill -9 of the nats-server "
-        "(restarted after 1 s on its store), of the leading allocator (of two; restarted), of "
-        "node n0's agent (restarted). 3 nodes x 4 simulated A100-40GB, pods of 1000 MiB, about "
-        f"{LIVE_PODS} kept bound (the oldest deleted). Machine: 2 CPU cores shared with other "
-        "sessions (load average ~20), so the latencies are an upper bound.",
+        f"Command: `.venv/bin/python -m bench.soak {command}`; a fault every {every:.0f} s in "
+        "turn: kill -9 of the nats-server (restarted after 1 s on its store), of the leading "
+        "allocator (of two; restarted), of node n0's agent (restarted). 3 nodes x 4 simulated "
+        f"A100-40GB, pods of 1000 MiB, about {LIVE_PODS} kept bound (the oldest deleted), so "
+        "some pods find no room by design. A fault's window runs from the kill to its "
+        f"recovery plus {WINDOW_MARGIN_S:g} s. Machine: 2 CPU cores shared with other sessions "
+        "(load average ~20), so the latencies are an upper bound.",
         "",
         "| figure | value |",
         "|---|---|",
-        f"| pods created | {figures['placed'] + figures['refused']} ({achieved:.1f}/s achieved) |",
+        f"| pods created | {created} ({achieved:.1f}/s achieved of {rate:g}/s) |",
         f"| pods placed | {figures['placed']} |",
-        f"| pods not placed (no room, or every replica down) | {figures['refused']} |",
+        f"| refused for lack of room (every node judged, none had room) | {figures['no_room']} |",
+        f"| not placed inside a fault's window | {failed} ({_counts(figures['failed'])}) |",
+        f"| not placed outside any fault's window | {outside} |",
         f"| lost slices (bound, not booked) | {figures['lost']} |",
         f"| double bookings | {figures['double']} |",
-        f"| bookings of deleted pods left {SETTLE_S:.0f} s after the churn | {figures['stale']} |",
+        f"| bookings of deleted pods 3 s after the churn | "
+        f"{sum(figures['stale_first'].values())} ({_counts(figures['stale_first'])}) |",
+        f"| bookings of deleted pods at the end ({figures['settled_s']:.0f} s after) | "
+        f"{figures['stale']} |",
         f"| placement latency p50 / p99 | {figures['p50_ms']:.0f} ms / "
         f"{figures['p99_ms']:.0f} ms |",
         f"| NATS kill -9: restart to first bind | {_fmt(figures['recoveries']['nats'])} |",
@@ -300,10 +420,7 @@ def main() -> None:
         f"| agent kill -9: restart to its node heard | {_fmt(figures['recoveries']['agent'])} |",
         f"| RSS of agents never killed (start -> end) | {rss} |",
     ]
-    report = "\n".join(lines)
-    print(report)
-    if not args.no_write:
-        write_section("soak", report)
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -110,8 +110,15 @@ class NodeHandler:
 
 
 class BoundPodHandler:
-    def __init__(self, host: HostUsage) -> None:
+    def __init__(
+        self,
+        host: HostUsage,
+        on_gone: Callable[[Mapping[str, Any]], Awaitable[None]] | None = None,
+    ) -> None:
         self._host = host
+        # Hears each bound pod that leaves (deleted, or ended): every replica frees its
+        # slices at once, so a delete during a leader handover is not held until a relist.
+        self._on_gone = on_gone
         self.listed = asyncio.Event()  # the first list was taken in
 
     def _take(self, pod: Mapping[str, Any]) -> str | None:
@@ -152,6 +159,8 @@ class BoundPodHandler:
             uid = (obj.get("metadata") or {}).get("uid")
             if isinstance(uid, str):
                 self._host.end(uid)
+                if self._on_gone is not None:
+                    await self._on_gone(obj)
         else:
             self._take(obj)
         COUNTED_PODS.set(len(self._host))

@@ -84,6 +84,8 @@ class Journal:
         self._nodes: dict[str, _NodeJournal] = {}
         self._watch_task: asyncio.Task[None] | None = None
         self._watcher: KeyValue.KeyWatcher | None = None
+        self._rewatches: set[asyncio.Task[None]] = set()
+        self._watch_lock = asyncio.Lock()  # one (re)watch at a time: never two followers
         self._on_remote = on_remote or (lambda node: None)
         self.loaded = asyncio.Event()
 
@@ -112,6 +114,10 @@ class Journal:
 
     async def _watch(self) -> None:
         """Apply the stored values, then follow changes (replacing an earlier watch)."""
+        async with self._watch_lock:
+            await self._watch_unlocked()
+
+    async def _watch_unlocked(self) -> None:
         assert self._kv is not None
         watcher = await self._kv.watchall()
         async for entry in watcher:  # the current values, then None
@@ -139,7 +145,20 @@ class Journal:
             with contextlib.suppress(Exception):
                 await watcher.stop()
 
+    def _rewatch(self) -> None:
+        if self._kv is not None:
+            task = asyncio.create_task(self.resync())
+            self._rewatches.add(task)
+            task.add_done_callback(self._rewatch_done)
+
+    def _rewatch_done(self, task: asyncio.Task[None]) -> None:
+        self._rewatches.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("cannot watch the store again", extra={"error": str(task.exception())})
+
     async def close(self) -> None:
+        for task in list(self._rewatches):
+            task.cancel()
         await self._stop_watch()
         self._kv = None
 
@@ -153,8 +172,16 @@ class Journal:
                 log.debug("kv watch", extra={"error": str(exc)})
                 await asyncio.sleep(0.05)
                 continue
-            if entry is not None:
-                await self._apply_entry(entry)
+            if entry is None:
+                continue  # the end of the initial values
+            if not isinstance(entry, KeyValue.Entry):
+                # nats-py's StopIterSentinel: this watcher was stopped. An old one: end
+                # quietly. The current one: watch anew, or other replicas' writes stop coming.
+                if watcher is self._watcher:
+                    log.warning("the store's watch ended; watching it again")
+                    asyncio.get_running_loop().call_soon(self._rewatch)
+                return
+            await self._apply_entry(entry)
 
     async def _apply_entry(self, entry: KeyValue.Entry) -> None:
         if not entry.key.startswith(KEY_PREFIX):

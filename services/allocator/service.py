@@ -15,6 +15,7 @@ import os
 import socket
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -41,6 +42,7 @@ from .fragmentation import WorkloadMix
 from .journal import Journal
 from .lease import Lease
 from .ledger import Ledger
+from .reconcile import RELEASES, TERMINAL_PHASES
 from .settings import AllocatorSettings
 
 log = logging.getLogger("vgpu.allocator")
@@ -127,6 +129,7 @@ class Allocator:
         # that whoever runs it in-process (`vgpu up`) restarts it for.
         self.vitals = Vitals("allocator")
         self._leader_tasks: list[asyncio.Task[None]] = []
+        self._followups: set[asyncio.Task[None]] = set()  # releases a follower may owe
         self._last_event: dict[str, float] = {}
         self._unavailable: set[str] = set()
         self._unbound: UnboundPodHandler | None = None  # pending pods, per the API server
@@ -273,7 +276,8 @@ class Allocator:
         watch = getattr(self.backend, "run_cluster_watch", None)
         if watch is None:
             return
-        nodes, pods = NodeHandler(self.cluster), BoundPodHandler(self.ledger.host)
+        nodes = NodeHandler(self.cluster)
+        pods = BoundPodHandler(self.ledger.host, on_gone=self._bound_pod_gone)
         handlers: list[Any] = [nodes, pods]
         if "unbound" in inspect.signature(watch).parameters:
             self._unbound = UnboundPodHandler(self._left_pending, self._became_pending)
@@ -289,6 +293,26 @@ class Allocator:
                 "the cluster's nodes and pods are not listed yet; answering without them",
                 extra={"waited_s": self.settings.cluster_sync_timeout_s},
             )
+
+    async def _bound_pod_gone(self, pod: Mapping[str, Any]) -> None:
+        """A bound pod was deleted or ended. The leader's pod watch frees its slices; a
+        replica that does not lead frees them itself if they are still booked a moment
+        later (the write is compare-and-set: two replicas freeing one pod is harmless, only
+        wasted writes, hence the wait). Without this, a delete that came while no replica
+        led (the leader died, or lost its lease in a bus outage) held its room until the
+        new leader's relist."""
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        if self.leading or uid not in self.ledger:
+            return
+        ended = (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
+        task = asyncio.create_task(self._release_unless_freed(uid, "ended" if ended else "deleted"))
+        self._followups.add(task)
+        task.add_done_callback(self._followups.discard)
+
+    async def _release_unless_freed(self, uid: str, reason: str) -> None:
+        await asyncio.sleep(self.settings.follower_release_after_s)
+        if uid in self.ledger and await self.engine.release(uid, reason) is not None:
+            RELEASES.labels(reason=reason).inc()
 
     async def _run_cluster_watch(self, watch: Any, *handlers: Any) -> None:
         try:
@@ -335,7 +359,7 @@ class Allocator:
 
     async def stop(self) -> None:
         self.vitals.stop()
-        tasks, self._tasks = self._tasks + self._leader_tasks, []
+        tasks, self._tasks = self._tasks + self._leader_tasks + list(self._followups), []
         self._leader_tasks = []
         for task in tasks:
             task.cancel()

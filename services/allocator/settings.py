@@ -92,6 +92,9 @@ class AllocatorSettings(msgspec.Struct, kw_only=True, frozen=True):
     # slices at once; a booking whose pod is still unbound (never bound, or its bind failed)
     # or that the API server does not have is freed once older than this; checked this often.
     release_unbound_after_s: Seconds = 60.0
+    # A replica that does not lead frees a deleted pod's slices itself if the leader has not
+    # within this time (no replica may lead: the leader died or lost its lease).
+    follower_release_after_s: Seconds = 2.0
     reconcile_interval_s: Seconds = 5.0
 
     # Who may read /allocations and /metrics: "kubernetes" checks every caller's bearer token

@@ -80,6 +80,33 @@ async def test_a_deleted_pod_frees_its_slices_at_once(
     await eventually(lambda: released("deleted") == before + 1)  # counted once stored
 
 
+async def test_a_replica_that_does_not_lead_frees_a_deleted_pod_at_once(
+    make_allocator: MakeAllocator, bus: Bus
+) -> None:
+    """A delete while no replica leads (the leader died, or lost its lease in a bus outage)
+    is not held until a new leader relists: every replica hears it and frees the slices."""
+    backend = LocalClusterBackend()
+    leader = await make_allocator(backend=backend)
+    # Its lease rounds every 20 s: it will not take over within this test.
+    follower = await make_allocator(backend=backend, lease_ttl_s=60.0)
+    assert leader.leading and not follower.leading
+    for replica in (leader, follower):
+        await give_nodes(bus, replica, node_inventory("n1"))
+    p = await bound_pod(follower, "doomed")
+    uid = p["metadata"]["uid"]
+    await eventually(lambda: uid in leader.ledger)
+    await leader.stop()  # the leader, and its pod watch, are gone
+    before = released("deleted")
+    started = time.monotonic()
+    backend.remove_pod("ml", "doomed")
+    await eventually(lambda: uid not in follower.ledger, timeout_s=5)
+    assert time.monotonic() - started < 5 and not follower.leading
+    await eventually(lambda: released("deleted") == before + 1)
+    # And it is stored: a replica started now loads no booking for the pod.
+    fresh = await make_allocator(backend=LocalClusterBackend(), lease_bucket="")
+    assert uid not in fresh.ledger
+
+
 async def test_an_ended_pod_frees_its_slices(make_allocator: MakeAllocator, bus: Bus) -> None:
     backend = LocalClusterBackend()
     allocator = await make_allocator(backend=backend)

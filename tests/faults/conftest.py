@@ -8,11 +8,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from bench.fault_rig import Processes
 from services.common.bus import Bus
 from services.common.embedded_nats import EmbeddedNats
 from services.simulators.apiserver import FakeApiServer
-
-from .harness import Processes
 
 
 @pytest.fixture

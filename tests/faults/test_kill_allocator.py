@@ -11,10 +11,7 @@ import time
 import aiohttp
 import pytest
 
-from services.common.bus import Bus
-from services.simulators.apiserver import FakeApiServer
-
-from .harness import (
+from bench.fault_rig import (
     Processes,
     allocations_of,
     audit,
@@ -26,6 +23,8 @@ from .harness import (
     wait_for_nodes,
     wait_until_ready,
 )
+from services.common.bus import Bus
+from services.simulators.apiserver import FakeApiServer
 
 PODS = 500
 NODES = [f"n{i}" for i in range(3)]

@@ -16,11 +16,7 @@ import time
 import aiohttp
 import pytest
 
-from services.common.bus import Bus
-from services.common.embedded_nats import EmbeddedNats
-from services.simulators.apiserver import FakeApiServer
-
-from .harness import (
+from bench.fault_rig import (
     Processes,
     allocations_of,
     audit,
@@ -32,6 +28,9 @@ from .harness import (
     wait_for_nodes,
     wait_until_ready,
 )
+from services.common.bus import Bus
+from services.common.embedded_nats import EmbeddedNats
+from services.simulators.apiserver import FakeApiServer
 
 NODES = ["n0", "n1"]
 POD_MIB = 4096  # 10 on an A100-40GB

@@ -1,6 +1,7 @@
-"""Real vgpu processes to kill: allocators, kubelet simulators and node agents as
-subprocesses on a real nats-server, kube-scheduler's part played over HTTP, and an audit of
-what was bound against what JetStream KV and the allocators hold.
+"""The fault rig of tests/faults and bench/soak.py: real vgpu processes to kill (allocators,
+kubelet simulators and node agents as subprocesses on a real nats-server), kube-scheduler's
+part played over HTTP, and an audit of what was bound against what JetStream KV and the
+allocators hold.
 
 Only the GPUs (the agents' --simulate) and the API server (FakeApiServer, in this process)
 are simulated; every vgpu component is the one a user runs.
@@ -27,7 +28,7 @@ from services.allocator.journal import KEY_PREFIX, NodeRecords
 from services.common.bus import Bus
 from services.simulators.apiserver import FakeApiServer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 A100_MIB = 40960
 
 
@@ -53,13 +54,14 @@ class Processes:
     api_url: str
     started: list[subprocess.Popen[bytes]] = field(default_factory=list)
     nodes: dict[str, Node] = field(default_factory=dict)
+    log_level: str = "warning"  # of every process started (their logs: workdir/<name>.log)
 
     def _spawn(self, log_name: str, *args: str, env: dict[str, str] | None = None) -> Any:
         log = open(self.workdir / f"{log_name}.log", "ab")  # noqa: SIM115 - lives with the child
         process = subprocess.Popen(
             [sys.executable, "-m", "services.cli.main", *args],
             cwd=ROOT,
-            env={**os.environ, "VGPU_LOG_LEVEL": "warning", **(env or {})},
+            env={**os.environ, "VGPU_LOG_LEVEL": self.log_level, **(env or {})},
             stdout=log,
             stderr=log,
         )
@@ -172,15 +174,24 @@ async def _post(http: aiohttp.ClientSession, url: str, body: Any) -> Any:
         return msgspec.json.decode(await response.read())
 
 
-async def schedule(
+@dataclass(frozen=True)
+class Placement:
+    """How kube-scheduler's attempts at one pod ended."""
+
+    node: str | None = None  # bound there
+    no_room: bool = False  # a replica answered that no node can take it: a real refusal
+    error: str = ""  # else: the last error (a replica unreachable, its bus away, a bind refused)
+
+
+async def place(
     http: aiohttp.ClientSession, replicas: list[str], p: dict[str, Any], nodes: list[str]
-) -> str | None:
+) -> Placement:
     """kube-scheduler's part: filter then bind on one replica, and on failure to reach it
-    (killed, or its bus is away) the same pod again on the next, a few rounds. The node it
-    was bound to, or None if no replica found room."""
+    (killed, or its bus is away) the same pod again on the next, a few rounds."""
     metadata = p["metadata"]
     args = {"PodName": metadata["name"], "PodNamespace": metadata["namespace"],
             "PodUID": metadata["uid"]}  # fmt: skip
+    error = ""
     for attempt in range(3 * len(replicas)):
         url = replicas[attempt % len(replicas)]
         try:
@@ -188,17 +199,37 @@ async def schedule(
                 http, f"{url}/scheduler/filter", {"Pod": p, "Nodes": None, "NodeNames": nodes}
             )
             if passed.get("Error"):
+                error = f"filter: {passed['Error']}"
                 await asyncio.sleep(0.1)
                 continue
             for node in passed.get("NodeNames") or []:
                 answer = await _post(http, f"{url}/scheduler/bind", {**args, "Node": node})
                 if answer.get("Error", "") == "":
-                    return node
+                    return Placement(node=node)
+                error = f"bind: {answer['Error']}"
             if not passed.get("NodeNames"):
-                return None  # no room anywhere: a real refusal, not a fault
-        except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError):
+                failed = passed.get("FailedNodes") or {}
+                if failed and not any(_is_fault(reason) for reason in failed.values()):
+                    # every node judged, none has room
+                    return Placement(no_room=True, error=f"filter: {failed}")
+                error = f"filter: {failed}"
+                await asyncio.sleep(0.1)
+        except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
             await asyncio.sleep(0.1)  # the replica died under us, or is restarting
-    return None
+    return Placement(error=error or "no replica answered")
+
+
+def _is_fault(reason: str) -> bool:
+    """A node refused for what a fault causes (its agent unheard or silent), not for room."""
+    return "no GPU inventory" in reason or "silent" in reason
+
+
+async def schedule(
+    http: aiohttp.ClientSession, replicas: list[str], p: dict[str, Any], nodes: list[str]
+) -> str | None:
+    """The node the pod was bound to, or None if it was not (for any reason)."""
+    return (await place(http, replicas, p, nodes)).node
 
 
 @dataclass
@@ -207,6 +238,7 @@ class Audit:
     stored: dict[str, str]  # pod uid -> node, as JetStream KV says
     duplicates: list[str]  # uids stored more than once
     gpu_memory: dict[str, int]  # GPU uuid -> MiB promised in the store
+    booked_at: dict[str, float] = field(default_factory=dict)  # pod uid -> decision (Unix time)
 
     @property
     def lost(self) -> set[str]:
@@ -238,6 +270,7 @@ async def audit(api: FakeApiServer, bus: Bus, namespace: str = "faults") -> Audi
     }
     kv = await bus.client.jetstream().key_value("vgpu-allocations")
     stored: dict[str, str] = {}
+    booked_at: dict[str, float] = {}
     duplicates: list[str] = []
     memory: dict[str, int] = defaultdict(int)
     for key in await kv.keys():
@@ -250,10 +283,11 @@ async def audit(api: FakeApiServer, bus: Bus, namespace: str = "faults") -> Audi
             if allocation.uid in stored:
                 duplicates.append(allocation.uid)
             stored[allocation.uid] = allocation.node
+            booked_at[allocation.uid] = allocation.bound_at
             for container in allocation.containers.values():
                 for piece in container.slices:
                     memory[piece.uuid] += piece.memory_mib
-    return Audit(bound, stored, duplicates, dict(memory))
+    return Audit(bound, stored, duplicates, dict(memory), booked_at)
 
 
 async def allocations_of(http: aiohttp.ClientSession, url: str) -> dict[str, str]:
