@@ -273,6 +273,7 @@ class HostPack(Binpack):
         model_weight: float = 2.0,
         scarce_ratio: float = 0.5,
         model_penalty: float = 1.0,
+        reserve_weight: float = 0.05,
     ) -> None:
         self.cpu_per_gpu_milli = cpu_per_gpu_milli  # openb GPU pods: median 11,400, mean 12,070
         self.starved_cpu_per_gpu_milli = starved_cpu_per_gpu_milli
@@ -282,6 +283,8 @@ class HostPack(Binpack):
         self.model_weight = model_weight
         self.scarce_ratio = scarce_ratio
         self.model_penalty = model_penalty
+        # Below the smallest stranding term that matters (100m on a short node: 0.077).
+        self.reserve_weight = reserve_weight
         self._reserved: tuple[ScoreContext, frozenset[str]] | None = None
 
     def usable(self, key: tuple[object, ...]) -> float:
@@ -376,8 +379,20 @@ class HostPack(Binpack):
 
     def cpu_pod_score(self, node: NodeState, pod: PodRequest) -> float:
         """A pod without GPUs: minus `weight` x how much its CPU grows the node's stranded
-        GPUs (0 where nothing is stranded, or the node has no GPUs or states no CPU)."""
+        GPUs, minus `reserve_weight` x the share of the node's free CPU left after it that
+        its usable free GPUs need (`cpu_per_gpu_milli` each). 0, the best, where the node
+        has no free GPUs, no GPUs at all or states no CPU. The second term only orders nodes
+        the first finds alike: CPU-only pods go where CPU is most plentiful beside the free
+        GPUs (a 2-GPU T4 node with 104 cores before an idle 8-GPU node with 128, whose CPU
+        8-GPU pods asking 120 cores need)."""
         return self.cpu_pod_scores(pod, [node])[node.name]
+
+    def reserve_share(self, usable_gpus: float, free_cpu_milli: int) -> float:
+        """The share of `free_cpu_milli` that `usable_gpus` free GPUs need (at most 1)."""
+        if not usable_gpus:
+            return 0.0
+        need = usable_gpus * self.cpu_per_gpu_milli
+        return 1.0 if free_cpu_milli <= need else need / free_cpu_milli
 
     def cpu_pod_scores(self, pod: PodRequest, nodes: Iterable[NodeState]) -> dict[str, float]:
         """cpu_pod_score of each node, in one pass (prioritize sends thousands of nodes):
@@ -399,7 +414,9 @@ class HostPack(Binpack):
             if value is None:
                 usable, cpu = key
                 growth = self.stranded(usable, cpu - need) - self.stranded(usable, cpu)
-                value = memo[key] = -self.weight * round(growth, 9)
+                value = memo[key] = -self.weight * round(
+                    growth, 9
+                ) - self.reserve_weight * self.reserve_share(usable, cpu - need)
             scores[node.name] = value
         return scores
 

@@ -203,10 +203,12 @@ def least_allocated(core: PlacementCore, request: PodRequest) -> str | None:
 
 
 def least_stranded(core: PlacementCore, request: PodRequest) -> str | None:
-    """A pod without GPUs where it strands the fewest GPUs: where its CPU leaves the node's
-    usable free GPUs least short of CPU (as the hostpack policy counts them), then as
-    least_allocated. On the node table's columns, with the arithmetic of the per-node loop
-    (`_least_stranded_loop`, which the tests compare it with)."""
+    """A pod without GPUs where the hostpack policy's host score ranks it best (what the
+    extender's prioritize answers: HostPack.cpu_pod_scores, where its CPU strands the fewest
+    usable free GPUs, then where those GPUs need the smallest share of the CPU left), then
+    as least_allocated. On the node table's columns; the few nodes near the best are scored
+    again by cpu_pod_scores itself, so the choice is `_least_stranded_loop`'s (the tests
+    compare them)."""
     table = core.cluster.table()
     need_cpu, need_memory = request.cpu_milli, request.memory_mib
     rows = np.flatnonzero(table.may_take(-math.inf, 0, 0, need_cpu, need_memory))
@@ -216,36 +218,36 @@ def least_stranded(core: PlacementCore, request: PodRequest) -> str | None:
     total_cpu = table.cpu_milli[rows]
     cpu = total_cpu - table.used_cpu_milli[rows]
     growth = _HOST.stranded_many(usable, cpu - need_cpu) - _HOST.stranded_many(usable, cpu)
-    # Python's round(growth, 9) is not numpy's: it is applied to the few near the least.
-    lowest = float(growth.min())
-    least = round(lowest, 9)
-    near = np.flatnonzero(growth <= lowest + 2e-9)
-    if (growth[near] != lowest).any():  # some near the least may round above it: ask Python
-        near = near[[round(g, 9) == least for g in growth[near].tolist()]]
-    left = _shares_left(total_cpu[near], table.used_cpu_milli[rows[near]] + need_cpu)
-    memory = table.host_memory_mib[rows[near]]
-    left = left + _shares_left(memory, table.used_memory_mib[rows[near]] + need_memory)
-    return table.names[int(rows[near[np.argmax(left)]])]  # the first most: the lowest name
-
-
-def _shares_left(capacity: np.ndarray, used: np.ndarray) -> np.ndarray:
-    """_share_left of arrays (1.0 where the capacity is not known)."""
-    known = capacity != 0
-    return np.where(known, (capacity - used) / np.where(known, capacity, 1), 1.0)
+    after = cpu - need_cpu
+    need = usable * _HOST.cpu_per_gpu_milli
+    share = np.where(
+        usable == 0, 0.0, np.where(after <= need, 1.0, need / np.where(after > 0, after, 1))
+    )
+    score = -_HOST.weight * np.round(growth, 9) - _HOST.reserve_weight * share
+    score = np.where((total_cpu == 0) | (table.gpu_count[rows] == 0), 0.0, score)
+    # numpy's rounding is not Python's to the last bit: cpu_pod_scores decides near the best.
+    near = rows[score >= float(score.max()) - 1e-7]
+    candidates = [table.nodes[int(row)] for row in near]
+    exact = _HOST.cpu_pod_scores(request, candidates)
+    best: tuple[float, float, str] | None = None
+    for node in candidates:
+        left = _share_left(node.cpu_milli, node.used_cpu_milli + need_cpu)
+        left += _share_left(node.host_memory_mib, node.used_memory_mib + need_memory)
+        key = (-exact[node.name], -left, node.name)
+        if best is None or key < best:
+            best = key
+    return None if best is None else best[2]
 
 
 def _least_stranded_loop(core: PlacementCore, request: PodRequest) -> str | None:
     """least_stranded one node at a time: the reference the column version must match."""
+    fitting = [node for node in core.cluster.states() if host_problem(node, request) is None]
+    scores = _HOST.cpu_pod_scores(request, fitting)
     best: tuple[float, float, str] | None = None
-    for node in core.cluster.states():
-        if host_problem(node, request) is not None:
-            continue
-        usable = _HOST.usable_gpus(node)
-        cpu = node.cpu_milli - node.used_cpu_milli
-        growth = _HOST.stranded(usable, cpu - request.cpu_milli) - _HOST.stranded(usable, cpu)
+    for node in fitting:
         left = _share_left(node.cpu_milli, node.used_cpu_milli + request.cpu_milli)
         left += _share_left(node.host_memory_mib, node.used_memory_mib + request.memory_mib)
-        key = (round(growth, 9), -left, node.name)
+        key = (-scores[node.name], -left, node.name)
         if best is None or key < best:
             best = key
     return None if best is None else best[2]

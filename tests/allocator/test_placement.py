@@ -267,8 +267,37 @@ def test_pods_without_gpus_are_scored_where_their_cpu_strands_no_gpu() -> None:
     # Among the best, the most CPU and memory left (LeastAllocated), then the name.
     assert core.best_node(request, names) == "unknown"
     assert core.best_node(request, ["free", "full"]) == "full"
+    # A tiny pod strands nothing anywhere: it goes where no free GPU needs the CPU.
     small = core.parse(cpu_only("tiny", "100m"))
-    assert core.prioritize(small, ["free", "full"]) == {"free": 10, "full": 10}
+    assert core.prioritize(small, ["free", "full"]) == {"free": 0, "full": 10}
+    assert core.best_node(small, ["free", "full"]) == "full"
+
+
+def test_pods_without_gpus_keep_off_the_cpu_that_free_gpus_need() -> None:
+    """Where no node would strand a GPU, a pod without GPUs goes where the free GPUs need the
+    smallest share of the CPU left: a 2-GPU node with 104 cores before an idle 8-GPU node
+    with 128 (whose CPU an 8-GPU pod asking 120 cores needs), a node without GPUs first."""
+    core = make_core(
+        node("eight", count=8, cpu_milli=128000, host_memory_mib=786432),
+        node("two", count=2, cpu_milli=104000, host_memory_mib=524288),
+        node("cpu", count=0, cpu_milli=32000, host_memory_mib=131072),
+        policy="hostpack",
+    )
+    request = core.parse(cpu_only("batch", "12"))
+    raw = core.cpu_pod_scores(request, ["eight", "two", "cpu"])
+    assert raw["cpu"] == 0.0 > raw["two"] > raw["eight"]
+    assert raw["eight"] > -0.1  # below any stranding: it only orders nodes alike in that
+    assert core.best_node(request, ["eight", "two"]) == "two"
+    assert core.best_node(request, ["eight", "two", "cpu"]) == "cpu"
+    assert core.prioritize(request, ["eight", "two"]) == {"eight": 0, "two": 10}
+    # The 8-GPU node keeps its CPU for a pod that needs nearly all of it while the 2-GPU
+    # node has CPU to spare beyond its GPUs' (6 x 12 cores leave 32, its GPUs need 26).
+    for number in range(6):
+        place(core, cpu_only(f"web{number}", "12"), on=core.best_node(request, ["eight", "two"]))
+    assert core.cluster.node("eight").used_cpu_milli == 0
+    whole = core.parse(pod("train", [{"name": "m", "resources": {
+        "limits": {"nvidia.com/gpu": "8"}, "requests": {"cpu": "120"}}}]))  # fmt: skip
+    assert core.best_node(whole) == "eight"
 
 
 def test_binpack_ranks_pods_without_gpus_alike() -> None:
