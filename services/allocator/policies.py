@@ -332,9 +332,12 @@ class HostPack(Binpack):
         if idle and self.whole_node_weight and ctx.cluster is not None:
             # Idle nodes are what whole-node pods need: keep as many GPUs on idle nodes as
             # whole-node pods are expected to ask of the free GPUs; below that, opening an
-            # idle node earns nothing for the CPU it would feed.
+            # idle node earns nothing for the CPU it would feed. The pods that need a node
+            # of this size ask more than half of it: bigger ones cannot use it, smaller ones
+            # fit half of a bigger node (8-GPU pods keep 8-GPU nodes, not 4-GPU ones).
             size = len(node.gpus)
-            whole = ctx.mix.gpu_share_at_least(size) * ctx.cluster.free_gpus
+            share = ctx.mix.gpu_share_at_least(size // 2 + 1) - ctx.mix.gpu_share_at_least(size + 1)
+            whole = share * ctx.cluster.free_gpus
             if (ctx.cluster.idle_nodes.get(size, 0) - 1) * size < self.whole_node_weight * whole:
                 stranded_before = 0.0
         growth = self.stranded(after, cpu - pod.cpu_milli) - stranded_before

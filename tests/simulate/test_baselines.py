@@ -153,6 +153,23 @@ def test_hostpack_keeps_idle_nodes_while_whole_node_pods_are_in_demand() -> None
         assert cluster.place(light)[0] == expected, whole_node_pods_seen
 
 
+def test_hostpack_keeps_idle_nodes_only_for_the_pods_that_need_their_size() -> None:
+    # "idle": 4 GPUs, 32 cores (too little CPU for 4 GPUs: a CPU-light slice unstrands some).
+    # Pods asking 8 GPUs cannot use it and pods asking 2 fit half of an 8-GPU node, so only
+    # pods asking 3 or 4 GPUs keep it idle (on openb's multigpu files 8-GPU pods kept the
+    # 4-GPU V100 nodes idle until the cluster was full, then CPU-heavy pods stranded them).
+    nodes = [node("idle", 4, cpu=32000), node("used", 4, cpu=64000),
+             node("big", 8, cpu=256000)]  # fmt: skip
+    light = pod(300, cpu=2000)
+    for seen_gpus, expected in ((8, "idle"), (2, "idle"), (4, "used"), (3, "used")):
+        cluster = Cluster("hostpack", nodes)
+        for _ in range(5):  # the recent mix: pods asking for `seen_gpus` GPUs
+            cluster.core.observe(cluster.core.parse(manifest(pod(1000, gpus=seen_gpus), "s")))
+        cluster.put(pod(500), "used")
+        assert cluster.core.cluster.idle_nodes == {4: 1, 8: 1}
+        assert cluster.place(light)[0] == expected, seen_gpus
+
+
 def test_hostpack_keeps_a_scarce_model_for_the_pods_that_accept_only_it() -> None:
     t4 = node("t4", 2)
     g2 = TraceNode("g2", cpu_milli=64000, memory_mib=262144, gpus=2, model="G2",
