@@ -312,6 +312,14 @@ class HostPack(Binpack):
             idle = idle and not gpu.used.slots
         return before, after, idle
 
+    @staticmethod
+    def whole_node_share(ctx: ScoreContext, size: int) -> float:
+        """The recent GPU demand share of the pods that need an idle node of `size` GPUs:
+        those asking more than half of it (bigger ones cannot use it, smaller ones fit half
+        of a bigger node: 8-GPU pods keep 8-GPU nodes idle, not 4-GPU ones)."""
+        mix = ctx.mix
+        return mix.gpu_share_at_least(size // 2 + 1) - mix.gpu_share_at_least(size + 1)
+
     def host_score(
         self, ctx: ScoreContext, node: NodeState, view: tuple[float, float, bool], pod: PodRequest
     ) -> float:
@@ -332,12 +340,9 @@ class HostPack(Binpack):
         if idle and self.whole_node_weight and ctx.cluster is not None:
             # Idle nodes are what whole-node pods need: keep as many GPUs on idle nodes as
             # whole-node pods are expected to ask of the free GPUs; below that, opening an
-            # idle node earns nothing for the CPU it would feed. The pods that need a node
-            # of this size ask more than half of it: bigger ones cannot use it, smaller ones
-            # fit half of a bigger node (8-GPU pods keep 8-GPU nodes, not 4-GPU ones).
+            # idle node earns nothing for the CPU it would feed.
             size = len(node.gpus)
-            share = ctx.mix.gpu_share_at_least(size // 2 + 1) - ctx.mix.gpu_share_at_least(size + 1)
-            whole = share * ctx.cluster.free_gpus
+            whole = self.whole_node_share(ctx, size) * ctx.cluster.free_gpus
             if (ctx.cluster.idle_nodes.get(size, 0) - 1) * size < self.whole_node_weight * whole:
                 stranded_before = 0.0
         growth = self.stranded(after, cpu - pod.cpu_milli) - stranded_before
@@ -367,7 +372,7 @@ class HostPack(Binpack):
             sizes = table.gpu_count[rows]
             opens_free = np.zeros(int(sizes.max()) + 1, dtype=bool)
             for size in range(len(opens_free)):
-                whole = ctx.mix.gpu_share_at_least(size) * ctx.cluster.free_gpus
+                whole = self.whole_node_share(ctx, size) * ctx.cluster.free_gpus
                 idle_nodes = ctx.cluster.idle_nodes.get(size, 0)
                 opens_free[size] = (idle_nodes - 1) * size < self.whole_node_weight * whole
             stranded_before[idle & opens_free[sizes]] = 0.0
