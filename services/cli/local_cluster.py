@@ -37,6 +37,7 @@ from services.cli.supervisor import Backoff, supervise
 from services.common.embedded_nats import EmbeddedNats
 from services.metrics.service import MetricsService
 from services.metrics.settings import MetricsSettings
+from services.nodeagent.labels import MemoryNodeLabeler
 from services.nodeagent.service import NodeAgent
 from services.nodeagent.settings import NodeAgentSettings
 from services.simulators.admission import MutatingAdmission, MutatingWebhook
@@ -98,8 +99,15 @@ class LocalClusterSpec:
     tls_dir: str = ""
     metrics_port: int = 9400
     split_count: int = 10
+    # 4paradigm's --device-memory-scaling / --device-cores-scaling for every node agent
+    # (0 = not stated: the allocator's own settings apply).
+    memory_scaling: float = 0.0
+    cores_scaling: float = 0.0
     # How every node shares its GPUs (docs/modes.md): vgpu, time-slicing, mps or exclusive.
     mode: str = "vgpu"
+    # Labels the simulated Node objects carry, per node: `vgpu.io/mode` (and
+    # `vgpu.io/mode.<gpu index>`) there set that node's sharing mode over `mode`.
+    node_labels: dict[str, dict[str, str]] = field(default_factory=dict)
     heartbeat_s: float = 5.0
     # The local API server calls the allocator's mutating webhook on pod CREATE, as a cluster
     # does with deploy/k8s (off: pods reach the scheduler exactly as written).
@@ -149,6 +157,22 @@ async def _stop_quietly(service: Service) -> None:
 
 def node_names(count: int) -> list[str]:
     return [f"node-{index + 1}" for index in range(count)]
+
+
+def parse_node_labels(items: tuple[str, ...] | list[str], nodes: int) -> dict[str, dict[str, str]]:
+    """`node-2:vgpu.io/mode=mps` items -> {"node-2": {"vgpu.io/mode": "mps"}}; ValueError
+    quoting the bad item."""
+    known = node_names(nodes)
+    labels: dict[str, dict[str, str]] = {}
+    for item in items:
+        node, colon, label = item.partition(":")
+        key, equals, value = label.partition("=")
+        if not colon or not equals or not key:
+            raise ValueError(f"{item!r}: expected NODE:KEY=VALUE, e.g. node-2:vgpu.io/mode=mps")
+        if node not in known:
+            raise ValueError(f"{item!r}: no node {node!r} (nodes: {', '.join(known)})")
+        labels.setdefault(node, {})[key] = value
+    return labels
 
 
 async def _start_on_port(make: Callable[[int], Service], port: int, what: str) -> Service:
@@ -357,12 +381,16 @@ class LocalCluster:
                 while len(new.inventory.nodes()) < len(self.agents):  # noqa: ASYNC110
                     await asyncio.sleep(0.05)
 
+    def _node_labels(self, name: str) -> MemoryNodeLabeler:
+        """The simulated Node's labels, as a cluster's agent reads them from the API."""
+        return MemoryNodeLabeler(self.spec.node_labels.get(name, {}))
+
     async def _restart_agent(self, name: str) -> None:
         """Again from its settings: it re-registers with its kubelet and, from its records in
         state_dir, serves the containers it served (services/nodeagent/service.py)."""
         old = self.agents[name]
         await _stop_quietly(old)
-        agent = NodeAgent(self._agent_settings[name])
+        agent = NodeAgent(self._agent_settings[name], labeler=self._node_labels(name))
         await agent.start()
         self._started[self._started.index(old)] = agent
         self.agents[name] = agent
@@ -416,6 +444,8 @@ class LocalCluster:
             state_dir=str(root / "agent-state"),
             hook_library=hook_library,
             split_count=self.spec.split_count,
+            memory_scaling=self.spec.memory_scaling,
+            cores_scaling=self.spec.cores_scaling,
             heartbeat_s=self.spec.heartbeat_s,
             sharing_mode=self.spec.mode,
             # No GPU here: the MPS control daemons are the simulated control program.
@@ -423,7 +453,7 @@ class LocalCluster:
             mps_control=SIMULATED_MPS_CONTROL,
             **mig_settings,
         )
-        agent = NodeAgent(settings)
+        agent = NodeAgent(settings, labeler=self._node_labels(name))
         await agent.start()
         self._started.append(agent)
         self.agents[name] = agent

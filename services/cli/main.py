@@ -97,6 +97,25 @@ def main() -> None:
     "--mig", is_flag=True,
     help="MIG: half the GPUs partitioned (nvidia.com/mig-<profile>), half dynamic MIG.",
 )  # fmt: skip
+# The 4paradigm device plugin's flags, given to every simulated node agent (docs/nodeagent.md).
+@click.option(
+    "--device-split-count", "split_count", type=click.IntRange(min=1), default=10,
+    show_default=True, help="Tasks one GPU takes at most (device IDs per GPU).",
+)  # fmt: skip
+@click.option(
+    "--device-memory-scaling", "memory_scaling", type=click.FloatRange(0, 100, min_open=True),
+    default=None,
+    help="Memory slices on a GPU may sum to this x its memory (default 1; > 1: virtual "
+    "device memory).",
+)  # fmt: skip
+@click.option(
+    "--device-cores-scaling", "cores_scaling", type=click.FloatRange(0, 100, min_open=True),
+    default=None, help="Compute shares on a GPU may sum to 100 x this percent (default 1).",
+)  # fmt: skip
+@click.option(
+    "--node-label", "node_label_args", multiple=True, metavar="NODE:KEY=VALUE",
+    help="A label on a simulated node, e.g. node-2:vgpu.io/mode=mps (repeatable; docs/modes.md).",
+)  # fmt: skip
 def up(
     nats_url: str,
     nodes: int,
@@ -112,6 +131,10 @@ def up(
     fresh: bool,
     mode: str,
     mig: bool,
+    split_count: int,
+    memory_scaling: float | None,
+    cores_scaling: float | None,
+    node_label_args: tuple[str, ...],
 ) -> None:
     """Run the whole system on this machine with simulated GPUs until Ctrl-C.
 
@@ -132,13 +155,21 @@ def up(
             "or pass another --state-file"
         )
     store = "" if nats_url else str(store_dir or default_store_dir(path))
+    from services.cli.local_cluster import parse_node_labels
     from services.cli.local_users import default_users_file
+
+    try:
+        node_labels = parse_node_labels(node_label_args, nodes)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--node-label") from exc
 
     spec = LocalClusterSpec(
         nodes=nodes, simulate=simulate, nats_url=nats_url, allocator_port=allocator_port,
         metrics_port=metrics_port, nats_store_dir=store, fresh=fresh, mode=mode,
         extender_port=extender_port, tls_dir=str(path.with_name(f"{path.stem}-tls")), mig=mig,
-        users_file=str(default_users_file(path)),
+        users_file=str(default_users_file(path)), split_count=split_count,
+        memory_scaling=memory_scaling or 0.0, cores_scaling=cores_scaling or 0.0,
+        node_labels=node_labels,
     )  # fmt: skip
 
     async def run() -> None:
@@ -168,8 +199,11 @@ def up(
                 click.echo(f"token      {state.admin_token}  (cluster-admin: "
                            "curl -H 'Authorization: Bearer <token>' ...)")  # fmt: skip
             for node, url in state.kubelets.items():
-                gpus = ", ".join(gpu.uuid for gpu in cluster.agents[node].gpus)
-                click.echo(f"{node:<10} kubelet {url}  GPUs {gpus}")
+                agent_gpus = cluster.agents[node].gpus
+                gpus = ", ".join(gpu.uuid for gpu in agent_gpus)
+                modes = sorted({gpu.sharing_mode for gpu in agent_gpus} - {"vgpu"})
+                shared = f"  mode {', '.join(modes)}" if modes and node in node_labels else ""
+                click.echo(f"{node:<10} kubelet {url}  GPUs {gpus}{shared}")
             if mode != "vgpu":
                 click.echo(f"mode       {mode} (docs/modes.md)")
             click.echo("ready (vgpu submit examples/half-gpu.yaml; Ctrl-C to stop)", err=False)

@@ -84,15 +84,26 @@ class NodeLabeler(Protocol):
         """Make the node carry exactly `labels` among the labels this agent manages."""
         ...
 
+    async def read(self) -> dict[str, str]:
+        """Every label the node carries now (the operator's too, e.g. vgpu.io/mode)."""
+        ...
+
 
 class MemoryNodeLabeler:
-    def __init__(self) -> None:
+    """A node's labels in memory: `node_labels` are the operator's (vgpu up --node-label),
+    `labels` those the agent applied."""
+
+    def __init__(self, node_labels: dict[str, str] | None = None) -> None:
+        self.node_labels = dict(node_labels or {})
         self.labels: dict[str, str] = {}
         self.applied = 0
 
     async def apply(self, labels: dict[str, str]) -> None:
         self.labels = dict(labels)
         self.applied += 1
+
+    async def read(self) -> dict[str, str]:
+        return {**self.node_labels, **self.labels}
 
 
 class KubernetesNodeLabeler:
@@ -123,6 +134,11 @@ class KubernetesNodeLabeler:
         await asyncio.to_thread(self._core_api().patch_node, self._node, body)
         self._previous = set(labels)
         log.info("node labelled", extra={"node": self._node, "labels": labels})
+
+    async def read(self) -> dict[str, str]:
+        """The Node's labels (needs RBAC `get` on `nodes`)."""
+        node = await asyncio.to_thread(self._core_api().read_node, self._node)
+        return dict(node.metadata.labels or {})
 
 
 def labeler_for(kind: str, node_name: str) -> NodeLabeler | None:

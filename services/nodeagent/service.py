@@ -53,6 +53,7 @@ from services.nodeagent.mig_resources import (
     parse_dynamic,
     slice_served,
 )
+from services.nodeagent.mode_labels import MODE_LABEL, with_label_modes
 from services.nodeagent.modes import EXCLUSIVE, MPS, TIME_SLICING, VGPU
 from services.nodeagent.mps import MpsDaemons
 from services.nodeagent.plugin import OPTIONS, DevicePluginServicer
@@ -212,6 +213,8 @@ class NodeAgent:
     async def _start(self) -> None:
         s = self._settings
         setup_tracing("vgpu-nodeagent", s.otlp_endpoint)
+        if s.mode_labels and self._labeler is not None:
+            s = self._settings = await self._modes_from_node(s)
         backend = await asyncio.to_thread(self._open_backend)
         self._stack.callback(backend.close)
         marks = HealthMarks()
@@ -500,6 +503,34 @@ class NodeAgent:
                 "cuda": backend.cuda_version(),
             },
         )
+
+    async def _modes_from_node(self, s: NodeAgentSettings) -> NodeAgentSettings:
+        """The settings with the sharing modes the Node's labels choose (mode_labels.py);
+        RuntimeError naming the node, label and reason when they cannot be read or used."""
+        assert self._labeler is not None
+        try:
+            labels = await self._labeler.read()
+        except Exception as exc:
+            raise RuntimeError(
+                f"node {s.node_name}: cannot read its labels for {MODE_LABEL}: {exc} (set "
+                "mode_labels=false to choose sharing modes by settings only)"
+            ) from exc
+        try:
+            chosen = with_label_modes(s, labels)
+            check_settings(chosen)
+        except ValueError as exc:
+            raise RuntimeError(f"node {s.node_name}: its {MODE_LABEL} labels: {exc}") from exc
+        if chosen is not s:
+            log.info(
+                "sharing modes from node labels",
+                extra={
+                    "node": s.node_name,
+                    "mode": chosen.sharing_mode,
+                    "gpu_modes": chosen.gpu_sharing_modes,
+                    "reason": f"node label {MODE_LABEL}",
+                },
+            )
+        return chosen
 
     def _mig_server(self, resource: str, catalog: DeviceCatalog) -> DevicePluginServer:
         """A device plugin for one static MIG resource (its own socket, as NVIDIA's)."""

@@ -99,6 +99,9 @@ class NodeAgentSettings(msgspec.Struct, kw_only=True, frozen=True):
     # node, and per GPU "0=mps,GPU-...=exclusive" (GPU index or UUID) over it.
     sharing_mode: str = "vgpu"
     gpu_sharing_modes: str = ""
+    # Read the Node's labels vgpu.io/mode (the node) and vgpu.io/mode.<gpu index> at start,
+    # over the two settings above (mode_labels.py); the labels come from node_labeler's API.
+    mode_labels: bool = True
     sharing_replicas: int = 0  # device IDs per time-slicing / mps GPU; 0 = split_count
     # Advertise the shared GPUs under this name instead of resource_name (NVIDIA's rename,
     # e.g. nvidia.com/gpu.shared); "" = resource_name.

@@ -21,8 +21,9 @@ EXPECTED: dict[str, set[Permission]] = {
     | _grants("cluster", "", "nodes", "get list watch")
     | _grants("cluster", "", "pods/binding", "create")
     | _grants("cluster", "", "events", "create"),
-    # Labels its node; which pod holds which device it learns from the kubelet, not the API.
-    "vgpu-node-agent": _grants("cluster", "", "nodes", "patch"),
+    # Labels its node and reads its vgpu.io/mode labels; which pod holds which device it
+    # learns from the kubelet, not the API.
+    "vgpu-node-agent": _grants("cluster", "", "nodes", "get patch"),
     # Its own Secret only (create cannot name an object that does not exist yet).
     "vgpu-nats-credentials": _grants(NAMESPACE, "", "secrets", "create")
     | _grants(NAMESPACE, "", "secrets", "get patch", "vgpu-nats-credentials"),
