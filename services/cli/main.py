@@ -296,7 +296,7 @@ def _serve(service: Any, name: str, log_level: str, otlp_endpoint: str) -> None:
 
     try:
         asyncio.run(run())
-    except (OSError, RuntimeError, _ServiceDied) as exc:
+    except (OSError, RuntimeError, ValueError, _ServiceDied) as exc:  # refused at start: say why
         raise click.ClickException(str(exc)) from exc
 
 

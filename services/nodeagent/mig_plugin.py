@@ -1,7 +1,8 @@
 """The DevicePlugin servicer of one static MIG resource (`nvidia.com/mig-1g.5gb` under mixed,
 `nvidia.com/gpu` under single): NVIDIA's behaviour, device for device.
 
-Device IDs are the MIG UUIDs; health is per MIG device (a MIG device is unhealthy when it or
+Device IDs are the MIG UUIDs (`<MIG uuid>::<n>` replicas for a profile resource_config
+shares); health is per MIG device (a MIG device is unhealthy when it or
 its GPU is); the list follows the node's MIG geometry (a new ListAndWatch answer whenever it
 changes). Allocate hands the MIG UUIDs to the runtime as the node's device list strategy
 says. MIG isolates in hardware, so no hook, limit file or allocator claim is involved:
@@ -23,7 +24,7 @@ from services.common.schemas import GpuDevice
 from services.common.tracing import context_from_traceparent, tracer
 from services.nodeagent.catalog import DeviceCatalog
 from services.nodeagent.grant import CDI_ANNOTATION_PREFIX, VISIBLE_DEVICES_ENV
-from services.nodeagent.mig_resources import MigEntry
+from services.nodeagent.mig_resources import MigEntry, mig_uuid_of
 from services.nodeagent.plugin import HEALTHY, UNHEALTHY, _traceparent
 
 log = logging.getLogger("vgpu.nodeagent")
@@ -49,13 +50,14 @@ def mig_device_list(entries: list[MigEntry]) -> pb.ListAndWatchResponse:
     devices = []
     for entry in entries:
         numa = entry.parent.numa_node
-        devices.append(
-            pb.Device(
-                ID=entry.device.uuid,
-                health=HEALTHY if entry.healthy else UNHEALTHY,
-                topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=numa)]) if numa >= 0 else None,
+        for device_id in entry.device_ids():
+            devices.append(
+                pb.Device(
+                    ID=device_id,
+                    health=HEALTHY if entry.healthy else UNHEALTHY,
+                    topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=numa)]) if numa >= 0 else None,
+                )
             )
-        )
     return pb.ListAndWatchResponse(devices=devices)
 
 
@@ -135,7 +137,13 @@ class MigDevicePluginServicer(pb_grpc.DevicePluginServicer):
     async def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext
     ) -> pb.PreferredAllocationResponse:
-        parent_of = {entry.device.uuid: entry.parent.uuid for entry in self.current()}
+        # Spread over GPUs (NVIDIA's distributed); replicas of a shared MIG device spread over
+        # MIG devices first, the least-shared first, as time-slicing does over GPUs.
+        parent_of = {
+            device_id: entry.device.uuid if entry.replicas > 1 else entry.parent.uuid
+            for entry in self.current()
+            for device_id in entry.device_ids()
+        }
         answers = [
             pb.ContainerPreferredAllocationResponse(
                 deviceIDs=distributed_pick(
@@ -157,7 +165,7 @@ class MigDevicePluginServicer(pb_grpc.DevicePluginServicer):
             "device-plugin Allocate (MIG)", context=parent, kind=trace.SpanKind.SERVER
         ) as span:
             span.set_attribute("vgpu.resource", self._resource)
-            known = {entry.device.uuid: entry for entry in self.current()}
+            known = {d: entry for entry in self.current() for d in entry.device_ids()}
             answers = []
             for position, wanted in enumerate(request.container_requests):
                 ids = list(wanted.devices_ids)
@@ -173,13 +181,16 @@ class MigDevicePluginServicer(pb_grpc.DevicePluginServicer):
                     await context.abort(
                         grpc.StatusCode.INVALID_ARGUMENT, f"container request {position}: {problem}"
                     )
-                answers.append(mig_container_response(ids, self._strategy, self._cdi_kind))
+                # Two replicas of one shared MIG device are still that one device.
+                mig_uuids = list(dict.fromkeys(mig_uuid_of(d) for d in ids))
+                answers.append(mig_container_response(mig_uuids, self._strategy, self._cdi_kind))
                 log.info(
                     "allocated MIG devices",
                     extra={
                         "node": self._node,
                         "resource": self._resource,
                         "device_ids": ids,
+                        "mig_devices": mig_uuids,
                         "gpus": sorted({known[d].parent.uuid for d in ids}),
                     },
                 )

@@ -10,17 +10,24 @@ device plugin names them (flags.migStrategy):
 Under single, NVIDIA's rules hold: all GPUs in MIG mode, each with MIG devices, all of one
 profile; otherwise MigStrategyError says which rule broke. GPUs marked for dynamic MIG stay
 under resource_name (the allocator places memory requests on them by MIG geometry).
+
+Under mixed, the GPU-sharing fork's MIG rules (`mig-3g.20gb:small:2`, resource_config.py)
+rename a profile's resource (`nvidia.com/small`) and give each of its MIG devices REPLICAS
+device IDs (`MIG-<uuid>::<n>` when more than one), as time-slicing does for whole GPUs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import msgspec
 
 from services.common import mig
 from services.common.schemas import GpuDevice, MigDevice
+from services.nodeagent.device_ids import SEPARATOR
 from services.nodeagent.labels import label_value
+from services.nodeagent.resource_config import ResourceRule
 
 
 class MigStrategyError(ValueError):
@@ -31,10 +38,30 @@ class MigStrategyError(ValueError):
 class MigEntry:
     device: MigDevice
     parent: GpuDevice
+    replicas: int = 1  # device IDs the kubelet sees for it (resource_config's REPLICAS)
 
     @property
     def healthy(self) -> bool:
         return self.device.healthy and self.parent.healthy
+
+    def device_ids(self) -> list[str]:
+        """The MIG UUID itself, or `<MIG uuid>::<n>` per replica when it is shared."""
+        if self.replicas == 1:
+            return [self.device.uuid]
+        return [f"{self.device.uuid}{SEPARATOR}{n}" for n in range(self.replicas)]
+
+
+def mig_uuid_of(device_id: str) -> str:
+    """The MIG device a device ID names (a replica's or the plain MIG UUID)."""
+    return device_id.partition(SEPARATOR)[0]
+
+
+def mig_renames(rules: Iterable[ResourceRule]) -> dict[str, ResourceRule]:
+    """resource_config's MIG rules by the resource NVIDIA's mixed strategy would use:
+    {"nvidia.com/mig-3g.20gb": rule}."""
+    return {
+        mig.resource_name(rule.source.removeprefix("mig-")): rule for rule in rules if rule.is_mig
+    }
 
 
 def parse_dynamic(text: str) -> tuple[int, ...] | None:
@@ -98,27 +125,39 @@ def check_single(gpus: list[GpuDevice]) -> None:
 
 
 def mig_resources(
-    gpus: list[GpuDevice], strategy: str, base_resource: str
+    gpus: list[GpuDevice],
+    strategy: str,
+    base_resource: str,
+    renames: dict[str, ResourceRule] | None = None,
 ) -> dict[str, list[MigEntry]]:
     """{resource: its MIG devices}. Under mixed every profile the node's MIG GPUs support
-    is listed, empty or not (so a resource stays registered while geometry changes); MIG
-    devices split into smaller compute instances match no profile and are left out, as
-    NVIDIA's device map cannot name them."""
+    is listed, empty or not (so a resource stays registered while geometry changes), under
+    its `renames` rule's name and replicas when it has one (mig_renames); MIG devices split
+    into smaller compute instances match no profile and are left out, as NVIDIA's device map
+    cannot name them."""
     if strategy == "single":
         check_single(gpus)
         return {base_resource: [MigEntry(m, gpu) for gpu in gpus for m in gpu.mig_devices]}
     if strategy != "mixed":
         return {}
+    renames = renames or {}
+
+    def advertised(profile: str) -> tuple[str, int]:
+        default = mig.resource_name(profile)
+        rule = renames.get(default)
+        return (default, 1) if rule is None else (rule.resource, rule.replicas)
+
     found: dict[str, list[MigEntry]] = {}
     for gpu in gpus:
         if not static_mig(gpu):
             continue
-        for profile in mig.profiles_for(gpu.model):
-            found.setdefault(mig.resource_name(profile.name), [])
+        profiles = [profile.name for profile in mig.profiles_for(gpu.model)]
+        for profile in profiles:
+            found.setdefault(advertised(profile)[0], [])
         for device in gpu.mig_devices:
-            listed = found.get(mig.resource_name(device.profile))
-            if listed is not None:
-                listed.append(MigEntry(device, gpu))
+            if device.profile in profiles:
+                resource, replicas = advertised(device.profile)
+                found[resource].append(MigEntry(device, gpu, replicas))
     return found
 
 

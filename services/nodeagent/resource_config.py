@@ -3,8 +3,8 @@
 `gpu:sharedgpu:4` advertises every GPU as 4 replicas of `nvidia.com/sharedgpu` (and no
 `nvidia.com/gpu`); `mig-3g.20gb:small:2` shares a MIG profile under a new name;
 `mig-3g.20gb:gpu:1` turns MIG devices into plain `nvidia.com/gpu`. The `gpu` rule is built on
-the same replicas as NVIDIA's time-slicing (modes.py); MIG rules are parsed and checked now and
-take effect once the agent serves MIG devices (docs/modes.md).
+the same replicas as NVIDIA's time-slicing (modes.py); MIG rules rename and share the
+per-profile resources of the mixed MIG strategy (mig_resources.py, docs/modes.md).
 """
 
 from __future__ import annotations

@@ -49,6 +49,7 @@ from services.nodeagent.mig_resources import (
     MigStrategyError,
     mark_dynamic,
     mig_labels,
+    mig_renames,
     mig_resources,
     parse_dynamic,
     slice_served,
@@ -73,6 +74,7 @@ from services.nodeagent.settings import (
     host_capacity,
     mode_plan,
     node_mode,
+    with_mig_rules,
 )
 from services.nodeagent.verify import ComputeCheck, Verifier
 
@@ -99,18 +101,19 @@ class NodeAgent:
     ) -> None:
         check_settings(settings)
         subjects.node_token(settings.node_name)  # the name must fit in a NATS subject
+        rules = parse_resource_config(settings.resource_config) if settings.resource_config else []
+        # The fork's MIG rules rename mixed-strategy resources (mig_resources.py).
+        self._mig_renames = mig_renames(rules)
+        if self._mig_renames and settings.mig_strategy == "none":
+            settings = with_mig_rules(settings)
+            log.info(
+                "resource_config MIG rules: MIG devices advertised per profile (mixed)",
+                extra={"node": settings.node_name, "rules": [r.source for r in rules if r.is_mig]},
+            )
         self._settings = settings
         # What the kubelet sees: NVIDIA's rename / the fork's resource_config, else ours.
         self.resource_name = advertised_resource(settings)
         self._mps: MpsDaemons | None = None
-        rules = parse_resource_config(settings.resource_config) if settings.resource_config else []
-        mig_rules = [rule.source for rule in rules if rule.is_mig]
-        if mig_rules:
-            log.warning(
-                "resource_config MIG rules are checked but take effect once MIG devices are "
-                "served (docs/modes.md)",
-                extra={"node": settings.node_name, "rules": mig_rules},
-            )
         # Simulated GPUs are made now so a bad spec fails at once; NVML starts in start().
         if gpu_backend is None and settings.simulate:
             gpu_backend = backend_for(
@@ -259,12 +262,21 @@ class NodeAgent:
             # without GPUs; GPUs that appear later are picked up by the device watcher.
             log.warning("node agent idle", extra={"node": s.node_name, "reason": self.idle_reason})
         strategy = s.mig_strategy
-        mig_names = list(mig_resources(first, strategy, s.resource_name))  # refuses bad geometry
+        # Refuses bad geometry (single) and a MIG rule onto a resource the node already serves.
+        mig_names = list(mig_resources(first, strategy, s.resource_name, self._mig_renames))
         stack = self._stack
         bus = await Bus.connect(s.nats_url, f"vgpu-nodeagent-{s.node_name}")
         stack.push_async_callback(bus.close)
         locator = PodResourcesClient(s.pod_resources_socket)
         stack.push_async_callback(locator.close)
+        if strategy != "single" and self.resource_name in mig_names:
+            whole = [gpu.index for gpu in first if slice_served(gpu, strategy)]
+            if whole:  # two device plugins cannot both register one resource
+                raise MigStrategyError(
+                    f"resource_config turns MIG devices into {self.resource_name}, which this "
+                    f"node already advertises for GPU(s) {whole} (MIG off, or dynamic MIG): "
+                    "put them in MIG mode or give the MIG rule another TO"
+                )
         catalog = DeviceCatalog(
             first, s.split_count, mode_plan(s), lambda gpu: slice_served(gpu, strategy)
         )
@@ -477,7 +489,10 @@ class NodeAgent:
             node_name=s.node_name,
             watch_interval_s=s.kubelet_watch_interval_s,
         )
-        servers = [] if strategy == "single" else [plugin_server]
+        # Under single, or when the fork's `mig-<profile>:gpu:1` makes MIG devices plain GPUs,
+        # the MIG plugin serves the main resource in place of vgpu's own.
+        main_by_mig = strategy == "single" or self.resource_name in mig_names
+        servers = [] if main_by_mig else [plugin_server]
         for resource in mig_names:
             servers.append(self._mig_server(resource, catalog))
         for server in servers:
@@ -538,7 +553,8 @@ class NodeAgent:
 
         def entries(gpus: list[GpuDevice]) -> list[MigEntry]:
             try:
-                return mig_resources(gpus, s.mig_strategy, s.resource_name).get(resource, [])
+                found = mig_resources(gpus, s.mig_strategy, s.resource_name, self._mig_renames)
+                return found.get(resource, [])
             except MigStrategyError as exc:  # geometry changed under a running agent
                 log.error(
                     "MIG geometry breaks the strategy; advertising it anyway",
@@ -557,7 +573,9 @@ class NodeAgent:
         return DevicePluginServer(
             servicer,
             plugin_dir=s.plugin_dir,
-            socket_name=s.socket_name if resource == s.resource_name else mig_socket_name(resource),
+            socket_name=s.socket_name
+            if resource == self.resource_name
+            else mig_socket_name(resource),
             resource_name=resource,
             options=MIG_OPTIONS,
             node_name=s.node_name,

@@ -309,11 +309,27 @@ def check_sharing(settings: NodeAgentSettings) -> None:
             raise ValueError("sharing_mode mps cannot be used with mig_strategy mixed")
         if not settings.mps_root.startswith("/"):
             raise ValueError(f"mps_root must be an absolute path, got {settings.mps_root!r}")
+    if any(rule.is_mig for rule in rules) and settings.mig_strategy == "single":
+        raise ValueError(
+            "resource_config's MIG rules rename the per-profile resources of mig_strategy "
+            "mixed; mig_strategy single advertises every MIG device as resource_name: use "
+            "mixed (or none, which MIG rules turn into mixed)"
+        )
     if gpu_rule(rules) is not None and (name or settings.sharing_replicas):
         raise ValueError(
             "resource_config's gpu rule names the resource and replicas: leave "
             "shared_resource_name and sharing_replicas unset beside it"
         )
+
+
+def with_mig_rules(settings: NodeAgentSettings) -> NodeAgentSettings:
+    """resource_config's MIG rules act on the per-profile resources of mig_strategy mixed, as
+    in the GPU-sharing fork where they need no strategy flag: none becomes mixed."""
+    if settings.mig_strategy != "none" or not settings.resource_config:
+        return settings
+    if not any(rule.is_mig for rule in parse_resource_config(settings.resource_config)):
+        return settings
+    return msgspec.structs.replace(settings, mig_strategy="mixed")
 
 
 def _gpu_rule(settings: NodeAgentSettings) -> ResourceRule | None:

@@ -42,7 +42,7 @@ def test_the_forks_examples() -> None:
     assert node_mode(shared) == "time-slicing" and mode_plan(shared).replicas == 4
     whole = settings_with(resource_config="gpu:whole:1")
     assert node_mode(whole) == "exclusive" and advertised_resource(whole) == "nvidia.com/whole"
-    # MIG rules alone change nothing yet (taken once MIG devices are served).
+    # MIG rules leave the whole GPUs' resource as it is (they rename MIG profiles).
     assert advertised_resource(settings_with(resource_config="mig-3g.20gb:gpu:1")) == (
         "nvidia.com/gpu"
     )
