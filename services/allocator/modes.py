@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from services.common.resources import GPU, GPU_CORES, GPU_MEMORY
+from services.common.resources import AWS_VGPU, GPU, GPU_CORES, GPU_MEMORY
 from services.common.schemas import ContainerRequest
 from services.common.sharing import EXCLUSIVE, MPS, TIME_SLICING, VGPU
 
@@ -34,6 +34,8 @@ def bare_count(request: ContainerRequest) -> bool:
 def memory_needed(request: ContainerRequest, gpu: GpuState) -> int:
     """MiB of one vgpu slice: as asked, a share of the card (after the reserve), an equal
     share (schedulable memory / split count), or all of it."""
+    if request.vgpus:  # AWS: N of the GPU's K vGPUs
+        return gpu.base_memory_mib * min(request.vgpus, gpu.slots) // max(1, gpu.slots)
     if request.equal_share:
         return gpu.memory_mib // gpu.slots
     if request.memory_mib:
@@ -43,10 +45,28 @@ def memory_needed(request: ContainerRequest, gpu: GpuState) -> int:
     return gpu.base_memory_mib
 
 
+def vgpus_need(request: ContainerRequest, gpu: GpuState) -> tuple[int, int] | None:
+    """AWS's N of the GPU's K vGPUs, K its split count (task slots) as its node agent states
+    it: N x 100 / K percent of memory and compute; all K: the whole GPU; more: None."""
+    count = gpu.slots
+    if request.vgpus > count:
+        return None
+    if request.vgpus == count:
+        return gpu.base_memory_mib, FULL_COMPUTE
+    return gpu.base_memory_mib * request.vgpus // count, FULL_COMPUTE * request.vgpus // count
+
+
 def slice_need(request: ContainerRequest, gpu: GpuState) -> tuple[int, int] | None:
     """(memory MiB, compute percent) one slice of `request` holds on `gpu` in its mode, or
     None when the mode cannot serve the request (`refusal` says why)."""
     mode = gpu.device.sharing_mode
+    if request.vgpus:  # a share of this GPU: what vgpu slices and MPS clients hold
+        need = vgpus_need(request, gpu)
+        if need is None or mode not in (VGPU, MPS, EXCLUSIVE):
+            return None
+        if mode == EXCLUSIVE:
+            return (gpu.base_memory_mib, gpu.compute) if request.vgpus == gpu.slots else None
+        return need
     if mode == VGPU:
         return memory_needed(request, gpu), request.cores
     if gpu.device.one_replica_per_container and request.gpus > 1:
@@ -70,6 +90,11 @@ def slice_need(request: ContainerRequest, gpu: GpuState) -> tuple[int, int] | No
 
 def refusal(gpu: GpuState, request: ContainerRequest | None = None) -> str:
     mode = gpu.device.sharing_mode
+    if request is not None and request.vgpus > gpu.slots:
+        return (
+            f"{AWS_VGPU}: {request.vgpus} is more than the {gpu.slots} vGPUs of one GPU (the "
+            "node agent's --vgpu / split count)"
+        )
     if gpu.device.one_replica_per_container and request is not None and request.gpus > 1:
         return f"{mode} GPUs here take one replica per container (failRequestsGreaterThanOne)"
     return REFUSALS.get(mode, f"GPU mode {mode!r} is unknown to this allocator")

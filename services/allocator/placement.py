@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from services.common import mig
-from services.common.resources import GPU, GPU_CORES, GPU_MEMORY, GPU_MEMORY_PERCENT
+from services.common.resources import AWS_VGPU, GPU, GPU_CORES, GPU_MEMORY, GPU_MEMORY_PERCENT
 from services.common.schemas import ContainerAllocation, ContainerRequest, GpuSlice
 from services.common.sharing import TIME_SLICING, VGPU
 
@@ -50,6 +50,8 @@ class NoFit(Exception):
 
 def describe_request(request: ContainerRequest) -> str:
     """The request as the pod spec states it, e.g. 'nvidia.com/gpu: 2, nvidia.com/gpumem: 8000'."""
+    if request.vgpus:
+        return f"{AWS_VGPU}: {request.vgpus}"
     parts = [f"{GPU}: {request.gpus}"]
     if request.memory_mib:
         parts.append(f"{GPU_MEMORY}: {request.memory_mib}")
@@ -62,6 +64,8 @@ def describe_request(request: ContainerRequest) -> str:
 
 
 def need_text(request: ContainerRequest) -> str:
+    if request.vgpus:
+        return f"1 GPU with {request.vgpus} of its vGPUs (its split count's share)"
     if request.equal_share:
         memory = "an equal share of its memory"
     elif request.memory_mib:
@@ -150,7 +154,7 @@ class _Placer:
         Plain integers on purpose: this runs for every GPU of every node a new shape meets."""
         if gpu.device.mig_dynamic:
             return self._add_mig(request, gpu)
-        if gpu.device.sharing_mode == VGPU:
+        if gpu.device.sharing_mode == VGPU and not request.vgpus:
             need = memory_needed(request, gpu)
             cores = request.cores
         else:

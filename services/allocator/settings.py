@@ -64,9 +64,6 @@ class AllocatorSettings(msgspec.Struct, kw_only=True, frozen=True):
     default_memory_mib: Annotated[int, msgspec.Meta(ge=0)] = 0  # 0 = the whole card
     default_cores: Annotated[int, msgspec.Meta(ge=0, le=100)] = 0
     translate_peers: bool = True  # Volcano, Aliyun, Tencent, AWS, KAI syntaxes
-    # AWS's virtual GPU plugin's name (--vgpu, default 10): `k8s.amazonaws.com/vgpu: N` asks
-    # N of this many equal slices of one GPU.
-    vgpu: Annotated[int, msgspec.Meta(ge=1, le=100)] = 10
     # Aliyun gpushare's --memory-unit: what `aliyun.com/gpu-mem: N` counts (and the unit of
     # its ALIYUN_COM_GPU_MEM_* variables and annotations).
     memory_unit: Literal["GiB", "MiB"] = "GiB"
@@ -148,7 +145,6 @@ class AllocatorSettings(msgspec.Struct, kw_only=True, frozen=True):
             default_memory_mib=self.default_memory_mib,
             default_cores=self.default_cores,
             translate_peers=self.translate_peers,
-            aws_slices_per_gpu=self.vgpu,
             aliyun_unit_mib=1024 if self.memory_unit == "GiB" else 1,
             count_only_equal_share=self.count_only_equal_share,
         )

@@ -306,10 +306,6 @@ def _serve(service: Any, name: str, log_level: str, otlp_endpoint: str) -> None:
 @click.option("--http-host", default=None)
 @click.option("--http-port", type=int, default=None)
 @click.option(
-    "--vgpu", type=click.IntRange(1, 100), default=None,
-    help="Slices per GPU for k8s.amazonaws.com/vgpu (the AWS plugin's flag; default 10).",
-)  # fmt: skip
-@click.option(
     "--memory-unit", type=click.Choice(["GiB", "MiB"]), default=None,
     help="What aliyun.com/gpu-mem counts (gpushare's flag; default GiB).",
 )  # fmt: skip

@@ -89,7 +89,6 @@ class RequestConfig:
     names: ResourceNames = field(default_factory=ResourceNames)
     default_memory_mib: int = 0  # 0: the whole card, as HAMi's defaultMem 0
     default_cores: int = 0  # 0: no compute limit, as HAMi's defaultCores 0
-    aws_slices_per_gpu: int = 10  # the AWS plugin's vGPUs per physical GPU (its --vgpu)
     # gpushare's --memory-unit: aliyun.com/gpu-mem counts GiB (its default) or MiB.
     aliyun_unit_mib: int = ALIYUN_UNIT_MIB
     translate_peers: bool = True
@@ -109,6 +108,7 @@ class GpuValues:
     memory_percent: int | None = None
     cores: int | None = None
     priority: int | None = None
+    vgpus: int | None = None  # AWS: vGPUs of one GPU, sized by that GPU's count at placement
     syntax: str = "vgpu"  # which syntax the pod used: vgpu, volcano, aliyun, tencent, aws, kai
 
 
@@ -217,16 +217,14 @@ def _peer_values(found: Mapping[str, int], where: str, config: RequestConfig) ->
             raise RequestError(f"{where} {core_name}: must be at least 1, got {core}")
         memory = None if units is None else units * TENCENT_UNIT_MIB
         return GpuValues(gpus=1, memory_mib=memory, cores=core, syntax=syntax)
+    # How many vGPUs a GPU has is its node agent's split count (AWS's --vgpu there): one
+    # place, so the share is computed per GPU at placement, never from a second setting.
     slices = found[AWS_VGPU]
-    per_gpu = config.aws_slices_per_gpu
-    if not 1 <= slices <= per_gpu:
+    if slices < 1:
         raise RequestError(
-            f"{where} {AWS_VGPU}: must be 1-{per_gpu} (slices of one GPU), got {slices}"
+            f"{where} {AWS_VGPU}: must be at least 1 (vGPUs of one GPU), got {slices}"
         )
-    if slices == per_gpu:
-        return GpuValues(gpus=1, syntax=syntax)
-    share = slices * 100 // per_gpu
-    return GpuValues(gpus=1, memory_percent=share, cores=share, syntax=syntax)
+    return GpuValues(gpus=1, vgpus=slices, syntax=syntax)
 
 
 def _kai_values(annotations: Mapping[str, Any], where: str) -> GpuValues | None:
@@ -260,6 +258,8 @@ def container_values(
     names = config.names
     own = _read(container, names.own(), where)
     peers = _read(container, PEER_RESOURCES, where) if config.translate_peers else {}
+    if own == {names.gpu: 1} and set(peers) == {AWS_VGPU}:
+        own = {}  # the webhook's form of an AWS request: the GPU the kubelet hands out, + N
     if own and peers:
         raise RequestError(
             f"{where}: mixes {', '.join(sorted(own))} with {', '.join(sorted(peers))}; use one "
@@ -276,6 +276,8 @@ def _to_request(
     values: GpuValues, name: str, where: str, init: bool, config: RequestConfig
 ) -> ContainerRequest | None:
     names = config.names
+    if values.vgpus:  # AWS: one GPU, its share sized there (modes.py)
+        return ContainerRequest(container=name, gpus=1, vgpus=values.vgpus, init=init)
     given_share = (values.memory_mib, values.memory_percent, values.cores)
     gpus = values.gpus if values.gpus is not None else 1
     memory = values.memory_mib or 0
@@ -375,7 +377,10 @@ def container_requests(
 
 
 def normalized_limits(request: ContainerRequest, names: ResourceNames) -> dict[str, str]:
-    """The request as vgpu's own resource limits (what the admission webhook writes)."""
+    """The request as vgpu's own resource limits (what the admission webhook writes); an AWS
+    request keeps its count beside the GPU, as its share depends on the GPU it gets."""
+    if request.vgpus:
+        return {names.gpu: "1", AWS_VGPU: str(request.vgpus)}
     limits = {names.gpu: str(request.gpus)}
     if request.memory_mib:
         limits[names.memory] = str(request.memory_mib)

@@ -165,6 +165,10 @@ class ContainerRequest(msgspec.Struct, frozen=True, kw_only=True):
     # A bare GPU count read with the equal-share option (4paradigm's behaviour): each GPU
     # gives S x M / K MiB (its memory scaling, memory, split count) and no compute limit.
     equal_share: bool = False
+    # AWS's `k8s.amazonaws.com/vgpu: N`: N of the GPU's K vGPUs, K being that GPU's split
+    # count as its node agent states it (AWS's --vgpu), so N x 100 / K percent of its memory
+    # and compute, sized per GPU at placement; 0 = not an AWS request.
+    vgpus: int = 0
 
 
 class GpuSlice(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -126,3 +126,30 @@ def test_count_only_request_takes_whole_gpus_by_default() -> None:
     assert (slice_.memory_mib, slice_.cores) == (A100_MIB, 100)
     with pytest.raises(Unplaceable):
         commit(core, pod("b", [container("m", gpus=1)]))
+
+
+def aws(name: str, vgpus: int, webhook_form: bool = False) -> dict[str, Any]:
+    limits: dict[str, Any] = {"k8s.amazonaws.com/vgpu": vgpus}
+    if webhook_form:  # what the admission webhook writes: the GPU the kubelet hands out, + N
+        limits["nvidia.com/gpu"] = 1
+    return pod(name, [{"name": "m", "resources": {"limits": limits}}])
+
+
+def test_aws_vgpus_are_shares_of_each_gpus_own_count() -> None:
+    # AWS's `k8s.amazonaws.com/vgpu: N` asks N of the GPU's K vGPUs, K being the split count
+    # its node agent states (the agent's --vgpu): one place, so allocator and agent agree.
+    core = make_core(stated("four", split_count=4), stated("ten", count=2, split_count=10))
+    on_four = commit(core, aws("a", 2), on="four").containers["m"].slices[0]
+    assert (on_four.memory_mib, on_four.cores) == (A100_MIB // 2, 50)
+    on_ten = commit(core, aws("b", 2, webhook_form=True), on="ten").containers["m"].slices[0]
+    assert (on_ten.memory_mib, on_ten.cores) == (A100_MIB * 2 // 10, 20)
+    # All K vGPUs are the whole GPU; more than K is refused naming the GPU's count.
+    whole = commit(core, aws("c", 10), on="ten").containers["m"].slices[0]
+    assert (whole.memory_mib, whole.cores) == (A100_MIB, 100)
+    outcome = core.filter(core.parse(aws("d", 5)), ["four"])
+    never = outcome.unresolvable["four"]  # kube-scheduler need not retry: no GPU there can
+    assert "k8s.amazonaws.com/vgpu: 5 is more than the 4 vGPUs of one GPU" in never
+    # GPUs whose agent states no count use the allocator's split count.
+    fallback = make_core(stated(), split_count=5)
+    share = commit(fallback, aws("e", 1)).containers["m"].slices[0]
+    assert (share.memory_mib, share.cores) == (A100_MIB // 5, 20)

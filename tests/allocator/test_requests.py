@@ -60,8 +60,6 @@ def one(limits: dict[str, Any], **kwargs: Any) -> tuple[int, int, int, int]:
         ({"docker.com/vcuda-core": 50, "docker.com/vcuda-memory": 20}, (1, 5120, 0, 50)),
         ({"docker.com/vcuda-core": 100}, (1, 0, 0, 100)),
         ({"docker.com/vcuda-core": 30, "tencent.com/vcuda-core": 30}, (1, 0, 0, 30)),
-        ({"k8s.amazonaws.com/vgpu": 3}, (1, 0, 30, 30)),  # 3 of 10 slices
-        ({"k8s.amazonaws.com/vgpu": 10}, (1, 0, 0, 100)),
     ],
 )
 def test_own_and_peer_syntaxes(limits: dict[str, Any], expected: tuple[int, int, int, int]) -> None:
@@ -73,13 +71,19 @@ def test_kai_annotations_apply_to_the_first_app_container() -> None:
     assert one({}, annotations={"gpu-memory": "2000"}) == (1, 2000, 0, 0)
 
 
-def test_aws_slices_follow_the_plugins_vgpu_count() -> None:
-    # The AWS plugin's --vgpu (default 10): N asks N of that many equal slices of one GPU.
-    four = RequestConfig(aws_slices_per_gpu=4)
-    assert one({"k8s.amazonaws.com/vgpu": 1}, config=four) == (1, 0, 25, 25)
-    assert one({"k8s.amazonaws.com/vgpu": 4}, config=four) == (1, 0, 0, 100)
-    with pytest.raises(RequestError, match="must be 1-4"):
-        one({"k8s.amazonaws.com/vgpu": 5}, config=four)
+def test_aws_vgpus_are_read_as_a_count_sized_per_gpu() -> None:
+    # N of the GPU's K vGPUs: K is each GPU's split count, known only at placement
+    # (tests/allocator/test_node_sharing.py), so the request keeps N.
+    for limits in (
+        {"k8s.amazonaws.com/vgpu": 3},
+        {"k8s.amazonaws.com/vgpu": 3, "nvidia.com/gpu": 1},
+    ):
+        (request,) = container_requests(pod(limits))
+        assert (request.gpus, request.vgpus, request.memory_mib, request.cores) == (1, 3, 0, 0)
+    with pytest.raises(RequestError, match="must be at least 1"):
+        one({"k8s.amazonaws.com/vgpu": 0})
+    with pytest.raises(RequestError, match=r"mixes nvidia\.com/gpu with k8s\.amazonaws\.com/vgpu"):
+        one({"k8s.amazonaws.com/vgpu": 3, "nvidia.com/gpu": 2})
 
 
 def test_hami_defaults_and_names_are_configurable() -> None:
@@ -116,7 +120,7 @@ def test_hami_defaults_and_names_are_configurable() -> None:
             {},
             "mixes the aliyun and tencent",
         ),
-        ({"k8s.amazonaws.com/vgpu": 11}, {}, "must be 1-10"),
+        ({"k8s.amazonaws.com/vgpu": 0}, {}, "must be at least 1 (vGPUs of one GPU)"),
         ({}, {"gpu-fraction": "1.5"}, "expected a number in (0, 1]"),
         ({"nvidia.com/priority": 7, "nvidia.com/gpumem": 1}, {}, "0 (high) or 1 (low)"),
     ],
@@ -158,15 +162,12 @@ def test_selection_policies_numa_and_host_needs() -> None:
         parse_pod(pod({"nvidia.com/gpu": 1}, {"hami.io/gpu-scheduler-policy": "best"}), KNOWN)
 
 
-def test_the_allocator_setting_vgpu_is_the_aws_count(tmp_path: Path) -> None:
+def test_the_allocator_has_no_aws_count_of_its_own(tmp_path: Path) -> None:
+    # The node agent's --vgpu (split count) is the one place; a second one could disagree.
     config = tmp_path / "vgpu.yaml"
     config.write_text("allocator:\n  vgpu: 4\n")
-    settings = load_settings(AllocatorSettings, section="allocator", file=config, environ={})
-    assert one({"k8s.amazonaws.com/vgpu": 1}, config=settings.request_config()) == (1, 0, 25, 25)
-    default = load_settings(AllocatorSettings, section="allocator", environ={})
-    assert default.request_config().aws_slices_per_gpu == 10
-    with pytest.raises(ConfigError, match="vgpu"):
-        load_settings(AllocatorSettings, section="allocator", environ={"VGPU_VGPU": "0"})
+    with pytest.raises(ConfigError, match=r"unknown allocator setting\(s\): .*vgpu"):
+        load_settings(AllocatorSettings, section="allocator", file=config, environ={})
 
 
 def test_gpushares_memory_unit_setting() -> None:

@@ -187,3 +187,17 @@ async def test_only_the_webhooks_selected_namespaces_and_operations_are_called(
     assert not webhook.applies("CREATE", "default", pod)
     # Not called, so an unreachable Fail webhook refuses nothing it does not select.
     assert await MutatingAdmission([webhook]).admit(pod, "default") == pod
+
+
+async def test_aws_vgpus_follow_the_node_agents_own_count() -> None:
+    # AWS's --vgpu=4 on the node agents (vgpu up --device-split-count 4) is the only place
+    # the count is read: the README pod's 1 vGPU is a quarter of the GPU there.
+    local = await started(nodes=1, split_count=4)
+    try:
+        outcome = await submit(load_pod(PEERS / "aws.yaml"), local.state())
+        assert outcome.node == "node-1" and not outcome.reason, render(outcome)
+        (container,) = outcome.containers
+        assert container.limits["device.0.memory_limit_mib"] == str(A100_MIB // 4)
+        assert container.limits["device.0.cores"] == "25"
+    finally:
+        await local.stop()

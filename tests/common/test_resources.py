@@ -89,7 +89,7 @@ def test_malformed_pods_raise_request_error(bad: dict[str, Any]) -> None:
         ({"tencent.com/vcuda-core": "0.05k", "tencent.com/vcuda-memory": "1e1"}, {},
          (1, 2560, 0, 50)),
         ({"tencent.com/vcuda-core": "2e2"}, {}, (2, 0, 0, 100)),
-        ({"k8s.amazonaws.com/vgpu": "5000m"}, {}, (1, 0, 50, 50)),
+        ({"k8s.amazonaws.com/vgpu": "5000m"}, {}, (1, 0, 0, 0)),  # 5 vGPUs, sized per GPU
         ({}, {"gpu-memory": "2k"}, (1, 2000, 0, 0)),
         ({}, {"gpu-fraction": "250m"}, (1, 0, 25, 0)),
     ],
