@@ -42,13 +42,28 @@ def _from_file(path: str | os.PathLike[str], section: str) -> dict[str, Any]:
     return {k: v for k, v in loaded.items() if not isinstance(v, Mapping)}
 
 
-def _from_env(fields: tuple[str, ...], environ: Mapping[str, str]) -> dict[str, Any]:
+def _from_env(
+    fields: tuple[str, ...], environ: Mapping[str, str], list_fields: frozenset[str] = frozenset()
+) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for field in fields:
         value = environ.get(ENV_PREFIX + field.upper())
         if value is not None:
-            found[field] = value
+            # A list from one variable: comma-separated (VGPU_ADOPT_SCHEDULERS=a,b; "" = none).
+            found[field] = (
+                [v.strip() for v in value.split(",") if v.strip()]
+                if field in list_fields
+                else value
+            )
     return found
+
+
+def _list_fields(settings_type: type[msgspec.Struct]) -> frozenset[str]:
+    return frozenset(
+        f.name
+        for f in msgspec.structs.fields(settings_type)
+        if getattr(f.type, "__origin__", None) is list
+    )
 
 
 def load_settings(
@@ -66,7 +81,8 @@ def load_settings(
     merged: dict[str, Any] = dict(defaults or {})
     if file:
         merged.update(_from_file(file, section))
-    merged.update(_from_env(fields, os.environ if environ is None else environ))
+    env = os.environ if environ is None else environ
+    merged.update(_from_env(fields, env, _list_fields(settings_type)))
     merged.update({k: v for k, v in (overrides or {}).items() if v is not None})
     unknown = sorted(set(merged) - set(fields))
     if unknown:

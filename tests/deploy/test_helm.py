@@ -357,6 +357,10 @@ OPTION_VALUES: dict[str, dict[str, Any]] = {
         "nats": {"storageClassName": "fast-ssd"},
         "networkPolicy": {"apiServerCIDRs": ["10.0.0.0/28"]},
     },
+    "modes": {"scheduler": {"memoryUnit": "MiB", "adoptSchedulers": ["hami-scheduler", "volcano"],
+                            "countOnlyEqualShare": True},
+              "devicePlugin": {"sharingMode": "mps", "sharingReplicas": 4, "modeLabels": False,
+                               "resourceConfig": "mig-3g.20gb:small:2"}},
     "existing-nats": {"nats": {"enabled": False}, "scheduler": {"extender": {"stateReplicas": 1}},
                       "nodeRestriction": {"enabled": False}, "networkPolicy": {"enabled": False}},
 }  # fmt: skip
@@ -537,3 +541,56 @@ def test_a_config_that_names_no_single_file_is_refused(
     with pytest.raises(Exception) as refused:
         render_chart({"devicePlugin": {"config": config}})
     assert message in str(refused.value)
+
+
+def _agent_and_spec(docs: list[dict[str, Any]]) -> tuple[NodeAgentSettings, dict[str, Any]]:
+    spec = pod_spec(find(docs, "DaemonSet", "vgpu-node-agent"))
+    container = spec["containers"][0]
+    environ = {k: v if isinstance(v, str) else "x" for k, v in env_of(container).items()}
+    settings = load_node_agent_settings(flags=agent_flags(container), environ=environ)
+    return settings, spec
+
+
+def test_sharing_modes_and_peer_settings_reach_the_services() -> None:
+    """MPS mode, time-slicing replicas, resourceConfig, node labels, and the allocator's
+    gpushare, HAMi-adoption and 4paradigm values, as the services load them."""
+    docs = render_chart(OPTION_VALUES["modes"])
+    agent, spec = _agent_and_spec(docs)
+    assert (agent.sharing_mode, agent.sharing_replicas, agent.mode_labels) == ("mps", 4, False)
+    assert agent.resource_config == "mig-3g.20gb:small:2" and agent.mps_root == "/run/nvidia/mps"
+    # The MPS root is the host's, at the same path (Allocate mounts from it into clients),
+    # and the runtime gives the agent the MPS control program (compute capability).
+    container = spec["containers"][0]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "mps-root"]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "mps-root"]
+    assert mount["mountPath"] == volume["hostPath"]["path"] == "/run/nvidia/mps"
+    assert env_of(container)["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+    allocator = pod_spec(find(docs, "Deployment", "vgpu-allocator"))["containers"][0]
+    environ = {k: v if isinstance(v, str) else "x" for k, v in env_of(allocator).items()}
+    settings = load_settings(AllocatorSettings, section="allocator", environ=environ)
+    assert settings.memory_unit == "MiB" and settings.count_only_equal_share
+    assert settings.adopt_schedulers == ["hami-scheduler", "volcano"]
+    # Nodes that only node labels put in MPS mode: the directory without the mode.
+    labelled = render_chart({"devicePlugin": {"mps": {"enabled": True}, "simulate": "1xT4"}})
+    agent, spec = _agent_and_spec(labelled)
+    assert agent.sharing_mode == "vgpu" and agent.mode_labels
+    assert any(v["name"] == "mps-root" for v in spec["volumes"])
+    assert agent.mps_control == "python -m services.simulators.mps_control"
+    # Defaults add none of it (the chart still renders what kustomize installs).
+    agent, spec = _agent_and_spec(render_chart())
+    assert agent.sharing_mode == "vgpu" and not agent.resource_config
+    assert not any(v["name"] == "mps-root" for v in spec["volumes"])
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"devicePlugin": {"sharingMode": "slices"}}, "sharingMode"),
+        ({"devicePlugin": {"sharingReplicas": 1}}, "sharingReplicas"),
+        ({"scheduler": {"memoryUnit": "GB"}}, "memoryUnit"),
+        ({"devicePlugin": {"mps": {"root": "run/mps"}}}, "root"),
+    ],
+)
+def test_bad_mode_values_are_refused_by_name(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(Exception, match=message):
+        render_chart(values)

@@ -78,6 +78,9 @@ vgpu-allocator.{{ include "vgpu.namespace" . }}.svc
   (list "VGPU_DEFAULT_CORES" (toString $v.scheduler.defaultCores) "0")
   (list "VGPU_NODE_POLICY" $v.scheduler.defaultSchedulerPolicy.nodeSchedulerPolicy "")
   (list "VGPU_GPU_POLICY" $v.scheduler.defaultSchedulerPolicy.gpuSchedulerPolicy "")
+  (list "VGPU_MEMORY_UNIT" $v.scheduler.memoryUnit "GiB")
+  (list "VGPU_ADOPT_SCHEDULERS" (join "," $v.scheduler.adoptSchedulers) "hami-scheduler")
+  (list "VGPU_COUNT_ONLY_EQUAL_SHARE" (toString $v.scheduler.countOnlyEqualShare) "false")
 -}}
 {{- range $names }}
 {{- if ne (index . 1) (index . 2) }}
