@@ -62,6 +62,7 @@ OVERLAY_VALUES: dict[str, dict[str, Any]] = {
 COMPONENT_VALUES: dict[str, dict[str, Any]] = {
     "peer-node-labels": {"devicePlugin": {"peerNodeLabels": True}},
     "dynamic-mig": {"devicePlugin": {"migDynamic": "all"}},
+    "mps": {"devicePlugin": {"sharingMode": "mps"}},
 }
 
 
