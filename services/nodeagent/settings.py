@@ -307,6 +307,11 @@ def check_sharing(settings: NodeAgentSettings) -> None:
             )
         if settings.mig_strategy == "mixed":
             raise ValueError("sharing_mode mps cannot be used with mig_strategy mixed")
+        if any(rule.is_mig for rule in rules):  # they imply mixed (with_mig_rules)
+            raise ValueError(
+                "sharing_mode mps cannot be used with resource_config's MIG rules (they "
+                "advertise MIG devices per profile, as mig_strategy mixed)"
+            )
         if not settings.mps_root.startswith("/"):
             raise ValueError(f"mps_root must be an absolute path, got {settings.mps_root!r}")
     if any(rule.is_mig for rule in rules) and settings.mig_strategy == "single":

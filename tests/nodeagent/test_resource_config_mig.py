@@ -118,10 +118,15 @@ async def test_a_mig_rule_onto_a_resource_the_node_serves_is_refused(
         await agent.start()
 
 
-def test_mig_rules_cannot_be_used_with_the_single_strategy() -> None:
+def test_mig_rules_cannot_be_used_with_the_single_strategy_or_mps() -> None:
     with pytest.raises(ConfigError, match="mig_strategy single advertises every MIG device"):
         load_node_agent_settings(
             flags={"node_name": "n", "resource_config": RULES, "mig_strategy": "single"},
+            environ={},
+        )
+    with pytest.raises(ConfigError, match="mps cannot be used with resource_config's MIG"):
+        load_node_agent_settings(
+            flags={"node_name": "n", "resource_config": RULES, "sharing_mode": "mps"},
             environ={},
         )
 
