@@ -360,8 +360,7 @@ OPTION_VALUES: dict[str, dict[str, Any]] = {
     },
     "modes": {"scheduler": {"memoryUnit": "MiB", "adoptSchedulers": ["hami-scheduler", "volcano"],
                             "countOnlyEqualShare": True},
-              "devicePlugin": {"sharingMode": "mps", "sharingReplicas": 4, "modeLabels": False,
-                               "resourceConfig": "mig-3g.20gb:small:2"}},
+              "devicePlugin": {"sharingMode": "mps", "sharingReplicas": 4, "modeLabels": False}},
     "existing-nats": {"nats": {"enabled": False}, "scheduler": {"extender": {"stateReplicas": 1}},
                       "nodeRestriction": {"enabled": False}, "networkPolicy": {"enabled": False}},
 }  # fmt: skip
@@ -558,7 +557,7 @@ def test_sharing_modes_and_peer_settings_reach_the_services() -> None:
     docs = render_chart(OPTION_VALUES["modes"])
     agent, spec = _agent_and_spec(docs)
     assert (agent.sharing_mode, agent.sharing_replicas, agent.mode_labels) == ("mps", 4, False)
-    assert agent.resource_config == "mig-3g.20gb:small:2" and agent.mps_root == "/run/nvidia/mps"
+    assert agent.mps_root == "/run/nvidia/mps"
     # The MPS root is the host's, at the same path (Allocate mounts from it into clients),
     # and the runtime gives the agent the MPS control program (compute capability).
     container = spec["containers"][0]
@@ -577,6 +576,11 @@ def test_sharing_modes_and_peer_settings_reach_the_services() -> None:
     assert agent.sharing_mode == "vgpu" and agent.mode_labels
     assert any(v["name"] == "mps-root" for v in spec["volumes"])
     assert agent.mps_control == "python -m services.simulators.mps_control"
+    # The fork's resourceConfig reaches the agent as its --resource-config.
+    forked = render_chart(
+        {"devicePlugin": {"resourceConfig": "gpu:sharedgpu:4,mig-3g.20gb:small:2"}}
+    )
+    assert _agent_and_spec(forked)[0].resource_config == "gpu:sharedgpu:4,mig-3g.20gb:small:2"
     # Defaults add none of it (the chart still renders what kustomize installs).
     agent, spec = _agent_and_spec(render_chart())
     assert agent.sharing_mode == "vgpu" and not agent.resource_config
