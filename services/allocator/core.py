@@ -625,10 +625,18 @@ class PlacementCore:
         """_evaluate on each row's node, in order; the results mirrored into `columns`."""
         evaluate = self._evaluate
         results: list[object] = []
+        known = columns.results
         for row in rows:
             node = table.nodes[row]
+            if self._refresh_budget <= 0:
+                cached: Any = node.cache.get(key)
+                if cached is not None and cached[0] == node.version and cached[2] is known[row]:
+                    # The refresh budget is spent: _evaluate would hand back the cached
+                    # result, which the column already holds (a mix policy after the mix moved).
+                    results.append(cached[2])
+                    continue
             result = evaluate(node, pod, key)  # type: ignore[arg-type]
-            cached: Any = node.cache.get(key)
+            cached = node.cache.get(key)
             version, mix = (cached[0], cached[1]) if cached and cached[2] is result else (-1, 0)
             if type(result) is _Fit:
                 columns.store(
