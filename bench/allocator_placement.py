@@ -17,6 +17,7 @@ CPU time, in its own section.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -86,7 +87,9 @@ def every_pod_file(trace: Path, seeds: int, workers: int, write: bool) -> int:
         for name in files
         for seed in range(seeds)
     ]
+    load_before = os.getloadavg()[0]
     results = run_jobs(jobs, workers=workers)
+    load = f"{min(load_before, os.getloadavg()[0]):.1f}-{max(load_before, os.getloadavg()[0]):.1f}"
     rows = []
     for index, name in enumerate(files):
         mine = results[index * seeds : (index + 1) * seeds]
@@ -111,8 +114,9 @@ GPUs), default policy ({DEFAULT_POLICY}), seeds 0..{seeds - 1}, {workers} replay
 decision is one GPU pod through parse, observe, `best_node` over every node and `commit`.
 Wall time is what the decision took; CPU time is the deciding thread's own
 (`time.thread_time`), which is what wall time would be on an idle machine: on this shared
-2-core VM other processes' turns land inside some decisions and inflate the wall-time tail.
-The worst seed of each figure; ms. Target (issue 14): p99 at most 5 ms.
+2-core VM other processes' turns land inside some decisions and inflate the wall-time tail
+(1-minute load average {load} at the start and end of this run). The worst seed of each
+figure; ms. Target (issue 14): p99 at most 5 ms.
 
 | pod file | decisions | wall p50 | wall p99 | CPU p50 | CPU p99 | s per replay |
 |---|---|---|---|---|---|---|
