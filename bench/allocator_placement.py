@@ -108,10 +108,11 @@ def every_pod_file(trace: Path, seeds: int, workers: int, write: bool) -> int:
         print(rows[-1], flush=True)
     markdown = f"""### Placement decision latency on every openb pod file
 
-`.venv/bin/python -m bench.allocator_placement --every-pod-file --seeds {seeds}`: `vgpu
-simulate` of each pod file on every node of `openb_node_list_gpu_node.csv` (1,213 nodes, 6,212
-GPUs), default policy ({DEFAULT_POLICY}), seeds 0..{seeds - 1}, {workers} replays at once. A
-decision is one GPU pod through parse, observe, `best_node` over every node and `commit`.
+`.venv/bin/python -m bench.allocator_placement --every-pod-file --seeds {seeds} --workers
+{workers}`: `vgpu simulate` of each pod file on every node of `openb_node_list_gpu_node.csv`
+(1,213 nodes, 6,212 GPUs), default policy ({DEFAULT_POLICY}), seeds 0..{seeds - 1}, {workers}
+replay(s) at once. A decision is one GPU pod through parse, observe, `best_node` over every
+node and `commit`.
 Wall time is what the decision took; CPU time is the deciding thread's own
 (`time.thread_time`), which is what wall time would be on an idle machine: on this shared
 2-core VM other processes' turns land inside some decisions and inflate the wall-time tail
