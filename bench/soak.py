@@ -371,6 +371,7 @@ def main() -> None:
         soak = Soak(workdir, args.rate, args.minutes, every)
         soak.log_level = args.log_level
         figures = asyncio.run(soak.run())
+        figures["load"] = os.getloadavg()[2]  # over the last 15 minutes
     report = render(figures, args.minutes, args.rate, every, "--hour" if args.hour else "")
     print(report)
     if not args.no_write:
@@ -397,7 +398,8 @@ def render(figures: dict[str, Any], minutes: float, rate: float, every: float, f
         f"A100-40GB, pods of 1000 MiB, about {LIVE_PODS} kept bound (the oldest deleted), so "
         "some pods find no room by design. A fault's window runs from the kill to its "
         f"recovery plus {WINDOW_MARGIN_S:g} s. Machine: 2 CPU cores shared with other sessions "
-        "(load average ~20), so the latencies are an upper bound.",
+        f"(15-minute load average {figures['load']:.0f} at the end), so the latencies are an "
+        "upper bound.",
         "",
         "| figure | value |",
         "|---|---|",
