@@ -179,6 +179,12 @@ def _get(port: int | None, path: str) -> Any:
     return json.loads(body) if path != "/" else body
 
 
+def _gpu_devices(kubelet_port: int | None) -> tuple[int, int]:
+    """(devices, healthy) the kubelet holds for nvidia.com/gpu: 4 GPUs x split 10 when ready."""
+    gpus = _get(kubelet_port, "/healthz")["resources"].get("nvidia.com/gpu") or {}
+    return gpus.get("devices", 0), gpus.get("healthy", 0)
+
+
 def _wait(condition: Any, what: str, services: list[LocalService], timeout: float = 45) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -224,8 +230,10 @@ def run_composed_stack(work_dir: Path, nats_url_for: Callable[[str], str]) -> No
         _wait(lambda: _get(allocator.port, "/healthz")["nodes"] == 2, "2 nodes", started)
         _wait(lambda: _get(metrics.port, "/healthz")["nodes"] == 2, "2 nodes in metrics", started)
         for kubelet in ("kubelet-1", "kubelet-2"):
-            gpus = _get(services[kubelet].port, "/healthz")["resources"]["nvidia.com/gpu"]
-            assert gpus["devices"] == 4 * 10 and gpus["healthy"] == 40  # 4 GPUs x split 10
+            # The agent publishes its inventory before its device plugin's first ListAndWatch
+            # reaches the kubelet: wait for the devices (CI once read 0 in between).
+            port = services[kubelet].port
+            _wait(lambda p=port: _gpu_devices(p) == (40, 40), f"{kubelet}'s devices", started)
         assert _get(metrics.port, "/")  # the dashboard page is served
     finally:
         for service in started:
