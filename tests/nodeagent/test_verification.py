@@ -298,9 +298,7 @@ def busy_program(seconds: float, *, hooked: bool) -> str:
     through the hook or behind its back."""
     preload = "" if hooked else "LD_PRELOAD= "
     argv = f"{tool('launch_load')} {seconds} {KERNEL_GRID} kernel link 0"
-    return f"sh -c 'echo holding; exec {argv}'" if hooked else (
-        f"{preload}sh -c 'echo holding; exec {argv}'"
-    )  # fmt: skip
+    return f"{preload}sh -c 'echo holding; exec {argv}'"
 
 
 @contextmanager

@@ -11,12 +11,14 @@ spec from the API server.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from services.simulators.kube_scoring import (
     NodeInfo,
+    PodDemand,
     balanced_allocation,
     balanced_allocation_skipped,
     least_allocated,
@@ -86,22 +88,6 @@ LEAST_ALLOCATED = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("incoming", "capacity", "bound", "expected"),
-    [case[1:] for case in LEAST_ALLOCATED],
-    ids=[case[0] for case in LEAST_ALLOCATED],
-)
-def test_least_allocated_scores_as_kube_scheduler_recorded(
-    incoming: dict[str, Any],
-    capacity: dict[str, tuple[str, str]],
-    bound: dict[str, list[dict[str, Any]]],
-    expected: dict[str, int],
-) -> None:
-    demand = pod_demand(incoming)
-    nodes = nodes_with(capacity, bound)
-    assert {name: least_allocated(info, demand) for name, info in nodes.items()} == expected
-
-
 # balanced_allocation_test.go's pods, in millicores (makeNode takes millicores too).
 CPU_AND_MEMORY = spec({"cpu": "1000m", "memory": "2000"}, {"cpu": "2000m", "memory": "3000"})
 CPU_ONLY = spec({"cpu": "1000m", "memory": "0"}, {"cpu": "2000m", "memory": "0"})
@@ -125,27 +111,33 @@ BALANCED = [
 ]  # fmt: skip
 
 
+CASES = [("least_allocated", least_allocated, *case) for case in LEAST_ALLOCATED] + [
+    ("balanced_allocation", balanced_allocation, *case) for case in BALANCED
+]
+
+
 @pytest.mark.parametrize(
-    ("incoming", "capacity", "bound", "expected"),
-    [case[1:] for case in BALANCED],
-    ids=[case[0] for case in BALANCED],
+    ("scorer", "incoming", "capacity", "bound", "expected"),
+    [case[1:2] + case[3:] for case in CASES],
+    ids=[f"{case[0]}: {case[2]}" for case in CASES],
 )
-def test_balanced_allocation_scores_as_kube_scheduler_recorded(
+def test_scores_as_kube_scheduler_recorded(
+    scorer: Callable[[NodeInfo, PodDemand], int],
     incoming: dict[str, Any],
     capacity: dict[str, tuple[str, str]],
     bound: dict[str, list[dict[str, Any]]],
     expected: dict[str, int],
 ) -> None:
     demand = pod_demand(incoming)
-    assert not balanced_allocation_skipped(demand)
     nodes = nodes_with(capacity, bound)
-    assert {name: balanced_allocation(info, demand) for name, info in nodes.items()} == expected
+    assert {name: scorer(info, demand) for name, info in nodes.items()} == expected
 
 
 def test_balanced_allocation_skips_a_best_effort_pod_as_kube_scheduler_does() -> None:
     # "nothing scheduled, nothing requested, skip in PreScore": PreScore answers Skip.
     assert balanced_allocation_skipped(pod_demand(spec()))
     assert balanced_allocation_skipped(pod_demand(spec({}, {})))
-    # Any cpu or memory request brings the plugin back.
+    # Any cpu or memory request brings the plugin back, as in every recorded case above.
+    assert not any(balanced_allocation_skipped(pod_demand(case[1])) for case in BALANCED)
     assert not balanced_allocation_skipped(pod_demand(spec({"memory": "1Mi"})))
     assert not balanced_allocation_skipped(pod_demand(spec({"cpu": "10m"})))
