@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from services.nodeagent.gpus import GpuBackend
 from services.nodeagent.service import NodeAgent
 from services.nodeagent.settings import NodeAgentSettings
 from services.simulators.kubelet import KubeletSimSettings, KubeletSimulator
@@ -86,16 +87,18 @@ def kubelet_settings(dirs: NodeDirs, **overrides: Any) -> KubeletSimSettings:
 
 @asynccontextmanager
 async def running_node(
-    nats_url: str, dirs: NodeDirs, **agent_overrides: Any
+    nats_url: str, dirs: NodeDirs, backend: GpuBackend | None = None, **agent_overrides: Any
 ) -> AsyncIterator[tuple[KubeletSimulator, NodeAgent]]:
-    """A started kubelet simulator with a registered node agent (devices listed)."""
+    """A started kubelet simulator with a registered node agent, every resource it registered
+    listed by the kubelet; `backend` replaces the GPUs its settings would choose."""
     kubelet = KubeletSimulator(kubelet_settings(dirs))
     await kubelet.start()
-    agent = NodeAgent(agent_settings(nats_url, dirs, **agent_overrides))
+    agent = NodeAgent(agent_settings(nats_url, dirs, **agent_overrides), backend)
     try:
         await agent.start()
         await agent.wait_registered(10)
-        await kubelet.wait_for_resource(RESOURCE, timeout=10)
+        for resource in agent.resources:
+            await kubelet.wait_for_resource(resource, timeout=10)
         yield kubelet, agent
     finally:
         await agent.stop()

@@ -4,8 +4,6 @@ ListAndWatch following geometry changes, all as the kubelet (simulator) sees the
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
@@ -19,8 +17,7 @@ from services.nodeagent.labels import MemoryNodeLabeler
 from services.nodeagent.mig_plugin import distributed_pick, mig_socket_name
 from services.nodeagent.mig_resources import MigStrategyError
 from services.nodeagent.service import NodeAgent
-from services.simulators.kubelet import KubeletSimulator
-from tests.nodeagent.harness import NodeDirs, agent_settings, kubelet_settings, wait_until
+from tests.nodeagent.harness import NodeDirs, agent_settings, running_node, wait_until
 
 MIXED_GEOMETRY = "0:3g.20gb,2x2g.10gb;1:7x1g.5gb"
 A100_40GB_RESOURCES = {
@@ -51,22 +48,7 @@ def mig_pod(name: str, resource: str, count: int) -> dict[str, Any]:
     }
 
 
-@asynccontextmanager
-async def mig_node(
-    nats_url: str, dirs: NodeDirs, **overrides: Any
-) -> AsyncIterator[tuple[KubeletSimulator, NodeAgent]]:
-    kubelet = KubeletSimulator(kubelet_settings(dirs))
-    await kubelet.start()
-    agent = NodeAgent(agent_settings(nats_url, dirs, **overrides))
-    try:
-        await agent.start()
-        await agent.wait_registered(10)
-        for resource in agent.resources:
-            await kubelet.wait_for_resource(resource, timeout=10)
-        yield kubelet, agent
-    finally:
-        await agent.stop()
-        await kubelet.stop()
+mig_node = running_node  # every MIG resource listed by the kubelet
 
 
 def backend_of(agent: NodeAgent) -> SimulatedGpuBackend:

@@ -5,8 +5,7 @@ MIG, with the real allocator placing the pods."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from services.nodeagent.service import NodeAgent
 from services.simulators.kubelet import KubeletSimulator
 from services.simulators.scheduler import SchedulerSimulator
 from tests.nodeagent.fake_nvml import FakeGpu, FakeNvml
-from tests.nodeagent.harness import NODE, NodeDirs, agent_settings, kubelet_settings, wait_until
+from tests.nodeagent.harness import NODE, NodeDirs, running_node, wait_until
 from tests.nodeagent.test_dynamic_mig import known_dynamic, memory_pod
 from tests.nodeagent.test_mig_strategies import A100_40GB_RESOURCES, mig_pod
 
@@ -225,23 +224,11 @@ def test_an_xid_on_a_mig_device_names_that_device(tmp_path: Path) -> None:
 # -- behind the agent's device plugin ----------------------------------------------------------
 
 
-@asynccontextmanager
-async def nvml_node(
+def nvml_node(
     nats_url: str, dirs: NodeDirs, backend: NvmlGpuBackend, **overrides: Any
-) -> AsyncIterator[tuple[KubeletSimulator, NodeAgent]]:
+) -> AbstractAsyncContextManager[tuple[KubeletSimulator, NodeAgent]]:
     """A kubelet simulator and a node agent on real GPUs' code path (simulate unset)."""
-    kubelet = KubeletSimulator(kubelet_settings(dirs))
-    await kubelet.start()
-    agent = NodeAgent(agent_settings(nats_url, dirs, simulate="", **overrides), backend)
-    try:
-        await agent.start()
-        await agent.wait_registered(10)
-        for resource in agent.resources:
-            await kubelet.wait_for_resource(resource, timeout=10)
-        yield kubelet, agent
-    finally:
-        await agent.stop()
-        await kubelet.stop()
+    return running_node(nats_url, dirs, backend, simulate="", **overrides)
 
 
 async def test_mixed_strategy_on_nvml(

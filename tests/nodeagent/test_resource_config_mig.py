@@ -4,8 +4,6 @@ devices into plain `nvidia.com/gpu`, as the kubelet (simulator) sees them."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -16,8 +14,7 @@ from services.nodeagent.mig_plugin import mig_socket_name
 from services.nodeagent.mig_resources import MigStrategyError
 from services.nodeagent.service import NodeAgent
 from services.nodeagent.settings import load_node_agent_settings
-from services.simulators.kubelet import KubeletSimulator
-from tests.nodeagent.harness import NodeDirs, agent_settings, kubelet_settings
+from tests.nodeagent.harness import NodeDirs, agent_settings, running_node
 
 RULES = "mig-3g.20gb:small:2,mig-1g.5gb:gpu:1"
 
@@ -35,22 +32,7 @@ def pod(name: str, resource: str, count: int) -> dict[str, Any]:
     }
 
 
-@asynccontextmanager
-async def node(nats_url: str, dirs: NodeDirs, **overrides: Any) -> AsyncIterator[
-    tuple[KubeletSimulator, NodeAgent]
-]:  # fmt: skip
-    kubelet = KubeletSimulator(kubelet_settings(dirs))
-    await kubelet.start()
-    agent = NodeAgent(agent_settings(nats_url, dirs, **overrides))
-    try:
-        await agent.start()
-        await agent.wait_registered(10)
-        for resource in agent.resources:
-            await kubelet.wait_for_resource(resource, timeout=10)
-        yield kubelet, agent
-    finally:
-        await agent.stop()
-        await kubelet.stop()
+node = running_node
 
 
 async def test_mig_rules_rename_and_share_mig_profiles(
