@@ -259,7 +259,8 @@ async def test_every_flow_of_vgpu_works_across_the_cluster(cluster: Cluster) -> 
         for subject in (subjects.ALLOC_CLAIM, subjects.ALLOC_PREFERRED):
             await allocator.serve(subject, Ping, answer, queue=subjects.ALLOCATOR_QUEUE)
         await allocator.client.flush()
-        await asyncio.sleep(0.2)  # subscriptions travel to the other servers
+        for subject in (subjects.ALLOC_CLAIM, subjects.ALLOC_PREFERRED):
+            await _ask_until_answered(agent, subject)  # until it reaches the agent's server
 
         # Node agent: inventory, usage, container usage and violations out; claims and
         # preferences asked.
