@@ -42,6 +42,9 @@ WATCH_TIMEOUT_S = 5  # each watch request ends this often, so stopping never wai
 # Lists and watches block a thread each for up to WATCH_TIMEOUT_S: they get their own threads
 # (nodes, bound pods, unbound pods, every pod), so binds and patches never queue behind them.
 WATCH_THREADS = 4
+# Binds, patches and reads run on asyncio's default threads (CPUs + 4, at most 32) beside the
+# watch threads; urllib3's default of 10 pooled connections made bursts drop connections.
+CONNECTION_POOL_SIZE = 40
 # kube-scheduler's pod informers: assigned pods that have not ended, and the pending ones.
 BOUND_RUNNING_PODS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 UNBOUND_PODS = "spec.nodeName=,status.phase!=Succeeded,status.phase!=Failed"
@@ -75,12 +78,14 @@ class KubernetesBackend:
             )
         else:
             k8s_config.load_incluster_config(client_configuration=configuration)
+        configuration.connection_pool_maxsize = CONNECTION_POOL_SIZE
         return cls(k8s.ApiClient(configuration))
 
     @classmethod
     def for_url(cls, url: str) -> KubernetesBackend:
         configuration = k8s.Configuration()
         configuration.host = url
+        configuration.connection_pool_maxsize = CONNECTION_POOL_SIZE
         return cls(k8s.ApiClient(configuration))
 
     async def close(self) -> None:
