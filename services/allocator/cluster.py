@@ -279,6 +279,10 @@ class ClusterState:
         self.layout_version = 0
         self._changed: set[str] = set()
         self._table: NodeTable | None = None
+        # Moves with every change a placement or a score could read (usage, capacity, new
+        # nodes), not with heartbeats: equal generations, equal answers (the filter's scan
+        # reused by prioritize, core.py).
+        self.generation = 0
 
     # -- inventory ------------------------------------------------------------------------
 
@@ -384,6 +388,7 @@ class ClusterState:
         self._nodes[inventory.node] = node
         self._account(node, 1)
         self.capacity_version += 1
+        self.generation += 1
 
     def _account(self, node: NodeState, sign: int) -> None:
         """Add (1) or remove (-1) the node's part of the cluster-wide figures."""
@@ -435,6 +440,7 @@ class ClusterState:
         self._account(state, 1)
         state.touch()
         self._changed.add(node)
+        self.generation += 1
 
     def charge_host(self, node: str, cpu_milli: int, memory_mib: int, pods: int) -> None:
         """Add (or, negative, remove) what a pod holds of the node's CPU, memory and pod
@@ -446,6 +452,7 @@ class ClusterState:
         state.used_memory_mib += memory_mib
         state.used_pods += pods
         self._changed.add(node)
+        self.generation += 1
 
     def reset_usage(self, node: str) -> None:
         state = self._nodes.get(node)
@@ -458,6 +465,7 @@ class ClusterState:
         self._account(state, 1)
         state.touch()
         self._changed.add(node)
+        self.generation += 1
 
     def take_changes(self) -> tuple[int, set[str]]:
         """The layout version and the nodes changed since the last call (NodeTable's)."""

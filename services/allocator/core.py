@@ -90,6 +90,19 @@ class _Fit:
     host_view: object = None  # what the node policy's host_score needs of the placement
 
 
+@dataclass(frozen=True)
+class _FilterScan:
+    """What filter's scan found for a pod: prioritize asks about the same pod over exactly
+    the nodes filter passed (kube-scheduler sends the extender's answer back, in order),
+    and while nothing a score reads has changed its answer is this one."""
+
+    pod: PodRequest
+    passed: list[str]
+    rows: np.ndarray  # node table rows of `passed`
+    scores: np.ndarray  # their exact node-policy scores (_scan's)
+    state: tuple[int, int, int]  # (_scan_state) when scanned
+
+
 class Unplaceable(Exception):
     """The pod cannot be committed to that node; the message says why."""
 
@@ -131,6 +144,12 @@ class PlacementCore:
         self._columns_layout = -1
         # Scoring verbs scan columns (False: node by node; the tests compare the two).
         self.scan_columns = True
+        # Filter scans columns too, and prioritize reuses its scan (False: filter walks the
+        # nodes one by one, as before; the tests and bench/allocator_extender.py compare).
+        self.scan_filter = True
+        self._filter_scan: _FilterScan | None = None
+        self.filter_rescans = 0  # filters the scan could not explain (always 0: tests check)
+        self.scans_reused = 0  # prioritize answers taken from filter's scan
 
     # -- requests -------------------------------------------------------------------------
 
@@ -429,6 +448,7 @@ class PlacementCore:
         """Which nodes could take the pod now; reasons for the others."""
         names = list(dict.fromkeys(node_names))
         outcome = FilterOutcome()
+        self._filter_scan = None
         if not pod.containers:
             outcome.passed = names  # no GPU asked: not ours to judge
             return outcome
@@ -436,6 +456,88 @@ class PlacementCore:
         if never:
             outcome.unresolvable = dict.fromkeys(names, never)
             return outcome
+        if self.scan_columns and self.scan_filter:
+            scanned = self._filter_by_scan(pod, names)
+            if scanned is not None:
+                return scanned
+            self.filter_rescans += 1
+        return self._filter_node_by_node(pod, names, outcome)
+
+    def _filter_by_scan(self, pod: PodRequest, names: list[str]) -> FilterOutcome | None:
+        """filter as one scan of the node table (`_scan`, which evaluates stale nodes in the
+        order given, as the loop does), then reasons for the nodes it did not pass, from
+        their cached results. The same outcome, in the same order, as the loop; None if a
+        node the scan ruled out fits after all (the loop then answers)."""
+        fresh_since = self.cluster.fresh_since()
+        table, rows, scores = self._scan(pod, MIX_REFRESH_PER_CALL, names, fresh_since)
+        table_names = table.names
+        passed = [table_names[row] for row in rows.tolist()]
+        outcome = FilterOutcome(passed=passed)
+        if len(passed) < len(names) and not self._explain(pod, names, passed, fresh_since, outcome):
+            return None
+        key = self._key(pod)
+        if self._columns[key].valid(table, self._call_mix_version)[rows].all():
+            # Every score is current (a mix policy's may lag when the refresh budget ran out:
+            # prioritize then refreshes more, as it always did): prioritize may reuse them.
+            self._filter_scan = _FilterScan(pod, passed, rows, scores, self._scan_state())
+        return outcome
+
+    def _explain(
+        self,
+        pod: PodRequest,
+        names: list[str],
+        passed: list[str],
+        fresh_since: float,
+        outcome: FilterOutcome,
+    ) -> bool:
+        """The loop's reasons for each of `names` not in `passed`, in order, into `outcome`;
+        False when one of them fits."""
+        key = self._key(pod)
+        status, get, evaluate = self.cluster.status, self.cluster.lookup(), self._evaluate
+        taken = set(passed)
+        for name in names:
+            if name in taken:
+                continue
+            node = get(name)
+            if node is None or node.received_at < fresh_since:
+                outcome.failed[name] = status(name).reason
+                continue
+            result = evaluate(node, pod, key)
+            if type(result) is _Fit:
+                return False
+            assert isinstance(result, _Unfit)
+            if result.forever:
+                outcome.unresolvable[name] = result.reason
+            else:
+                outcome.failed[name] = result.reason
+        return True
+
+    def _scan_state(self) -> tuple[int, int, int]:
+        """What every score depends on besides the pod: the nodes, their usage, the mix."""
+        cluster = self.cluster
+        return (cluster.layout_version, cluster.generation, self.mix.generation)
+
+    def _reused_scan(self, pod: PodRequest, names: list[str]) -> _FilterScan | None:
+        """Filter's scan when `names` are the nodes it passed for this very request and
+        nothing a score reads has changed since (all of them still fresh): what a new scan
+        would find, without the scan."""
+        scan = self._filter_scan
+        if (
+            scan is None
+            or scan.state != self._scan_state()
+            or scan.passed != names
+            or scan.pod != pod
+        ):
+            return None
+        table = self.cluster.table()
+        if scan.rows.size and table.received_at[scan.rows].min() < self.cluster.fresh_since():
+            return None
+        self.scans_reused += 1
+        return scan
+
+    def _filter_node_by_node(
+        self, pod: PodRequest, names: list[str], outcome: FilterOutcome
+    ) -> FilterOutcome:
         status = self.cluster.status
         for name, _, result in self._results(pod, names):
             if result is None:
@@ -504,7 +606,11 @@ class PlacementCore:
         if not pod.containers:
             scores.update(relative_scores(self.cpu_pod_scores(pod, names)))
             return scores
+        reused = self._reused_scan(pod, names) if self.scan_columns else None
         if not getattr(node_policy, "absolute", False) or not pod.containers:
+            if reused is not None and getattr(node_policy, "relative", False):
+                # Every name passed filter: all of them are scored, in order.
+                return dict(zip(names, relative_scores_of(reused.scores).tolist(), strict=True))
             if self.scan_columns and getattr(node_policy, "relative", False):
                 table, rows, raw = self._scan(pod, MIX_REFRESH_PER_CALL, names)
                 found = [table.names[r] for r in rows.tolist()]
@@ -513,6 +619,8 @@ class PlacementCore:
             scores.update(node_policy.to_scores(self.raw_scores(pod, names)))
             return scores
         # Absolute 0..10 scores are cached per node with the fit: one pass, no rescaling.
+        if reused is not None:
+            return dict(zip(names, self._score10(pod, reused.rows).tolist(), strict=True))
         if self.scan_columns:
             table, rows, _ = self._scan(pod, MIX_REFRESH_PER_CALL, names)
             found = [table.names[r] for r in rows.tolist()]
@@ -555,7 +663,11 @@ class PlacementCore:
         return table.names[int(rows[np.argmax(scores)])]  # the first best: the lowest name
 
     def _scan(
-        self, pod: PodRequest, refresh: int, given: list[str] | None
+        self,
+        pod: PodRequest,
+        refresh: int,
+        given: list[str] | None,
+        fresh_since: float | None = None,
     ) -> tuple[NodeTable, np.ndarray, np.ndarray]:
         """The nodes that can take the pod (table rows, in name order or the order of
         `given`) and their exact scores: what `_results` and `_scorer` give node by node,
@@ -568,7 +680,7 @@ class PlacementCore:
         table = self.cluster.table()
         single = pod.containers[0] if len(pod.containers) == 1 else None
         may = table.may_take(
-            self.cluster.fresh_since(),
+            self.cluster.fresh_since() if fresh_since is None else fresh_since,
             single.gpus if single is not None else 0,
             single.cores if single is not None else 0,
             pod.cpu_milli,

@@ -157,8 +157,12 @@ class PlacementEngine:
 
     # -- filter / prioritize ------------------------------------------------------------------
 
-    def filter(self, pod: dict[str, Any], node_names: list[str]) -> FilterOutcome:
-        """Which nodes could take the pod now; reasons for the others."""
+    def filter(
+        self, pod: dict[str, Any], node_names: list[str], *, record: bool = True
+    ) -> FilterOutcome:
+        """Which nodes could take the pod now; reasons for the others. The passed nodes are
+        what a bind may then ask for (BindGuard); without `record`, the caller records them
+        (`record_filtered`: a filter answered in slices passes the union of its slices)."""
         self._remember(pod)
         try:
             request = self.core.parse(pod)
@@ -175,9 +179,13 @@ class PlacementEngine:
             outcome.failed.pop(placed.node, None)
             outcome.unresolvable.pop(placed.node, None)
             outcome.passed.append(placed.node)
-        if self.guard is not None:
-            self.guard.filtered(pod, outcome.passed)
+        if record:
+            self.record_filtered(pod, outcome.passed)
         return outcome
+
+    def record_filtered(self, pod: dict[str, Any], passed: list[str]) -> None:
+        if self.guard is not None:
+            self.guard.filtered(pod, passed)
 
     def prioritize(self, pod: dict[str, Any], node_names: list[str]) -> dict[str, int]:
         try:

@@ -162,11 +162,13 @@ async def filter_in_slices(
         return engine.filter(pod, names)
     outcome = FilterOutcome()
     for start in range(0, len(names), FILTER_SLICE):
-        part = engine.filter(pod, names[start : start + FILTER_SLICE])
+        part = engine.filter(pod, names[start : start + FILTER_SLICE], record=False)
         outcome.passed.extend(part.passed)
         outcome.failed.update(part.failed)
         outcome.unresolvable.update(part.unresolvable)
         await asyncio.sleep(0)  # let the lease, /healthz and other requests run
+    # A bind may ask for any node the whole filter passed, not only the last slice's.
+    engine.record_filtered(pod, outcome.passed)
     return outcome
 
 

@@ -158,10 +158,14 @@ class WorkloadMix:
         self._accepted: deque[tuple[tuple[str, ...], float]] = deque(maxlen=window)
         self._accepted_demand: Counter[tuple[str, ...]] = Counter()
         self._model_shares: dict[tuple[str, ...], float] | None = {}
+        # Moves with every observation: scores that read the mix are reused only while
+        # it stands still (core.py, the filter's scan reused by prioritize).
+        self.generation = 0
         self.observe(seed)
         self._refresh(force=True)
 
     def observe(self, shapes: Iterable[Shape]) -> None:
+        self.generation += 1
         for shape in shapes:
             if len(self._window) == self._window.maxlen:
                 old = self._window[0]
@@ -176,6 +180,7 @@ class WorkloadMix:
 
     def observe_models(self, accepted: tuple[str, ...], gpus: float) -> None:
         """One pod's GPU demand and the GPU models it accepts (() = any model)."""
+        self.generation += 1
         if len(self._accepted) == self._accepted.maxlen:
             old, demand = self._accepted[0]
             self._accepted_demand[old] -= demand

@@ -7,7 +7,7 @@ import json
 
 import msgspec
 
-from services.allocator import ALLOCATION_ANNOTATION, Allocator, LocalClusterBackend
+from services.allocator import ALLOCATION_ANNOTATION, Allocator, LocalClusterBackend, extender
 from services.common.bus import Bus
 from services.common.schemas import PodAllocation
 
@@ -203,3 +203,20 @@ async def test_pod_without_gpu_is_bound_without_a_record(allocator: Allocator, h
     assert isinstance(backend, LocalClusterBackend)
     assert backend.node_of("default", "web") == "any"
     assert allocator.engine.allocations() == []
+
+
+async def test_a_filter_answered_in_slices_lets_any_passed_node_be_bound(
+    allocator: Allocator, bus: Bus, http, monkeypatch
+) -> None:
+    """A filter over more names than one slice (extender.FILTER_SLICE, 2 here) passes nodes of
+    every slice: a bind to a node of the first slice is accepted (it was refused as never
+    filtered when only the last slice's passes were kept)."""
+    monkeypatch.setattr(extender, "FILTER_SLICE", 2)
+    names = ["n1", "n2", "n3", "n4", "n5"]
+    await give_nodes(bus, allocator, *(node_inventory(n) for n in names))
+    p = pod("sliced", [container("main", gpus=1, mem=1000)])
+    admit_to_cluster(allocator, p)
+    status, result = await post(http, f"{allocator.url}/scheduler/filter", filter_args(p, names))
+    assert status == 200 and result["NodeNames"] == names, result
+    status, answer = await post(http, f"{allocator.url}/scheduler/bind", bind_args(p, "n1"))
+    assert status == 200 and answer == {"Error": ""}
