@@ -470,8 +470,11 @@ class PlacementCore:
         node the scan ruled out fits after all (the loop then answers)."""
         fresh_since = self.cluster.fresh_since()
         table, rows, scores = self._scan(pod, MIX_REFRESH_PER_CALL, names, fresh_since)
-        table_names = table.names
-        passed = [table_names[row] for row in rows.tolist()]
+        if len(rows) == len(names):  # all passed (rows keep the order of `names`)
+            passed = names
+        else:
+            table_names = table.names
+            passed = [table_names[row] for row in rows.tolist()]
         outcome = FilterOutcome(passed=passed)
         if len(passed) < len(names) and not self._explain(pod, names, passed, fresh_since, outcome):
             return None
@@ -479,7 +482,8 @@ class PlacementCore:
         if self._columns[key].valid(table, self._call_mix_version)[rows].all():
             # Every score is current (a mix policy's may lag when the refresh budget ran out:
             # prioritize then refreshes more, as it always did): prioritize may reuse them.
-            self._filter_scan = _FilterScan(pod, passed, rows, scores, self._scan_state())
+            # A copy: the caller may add to its outcome (engine.filter adds a pod's own node).
+            self._filter_scan = _FilterScan(pod, list(passed), rows, scores, self._scan_state())
         return outcome
 
     def _explain(

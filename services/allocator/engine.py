@@ -45,6 +45,7 @@ log = logging.getLogger("vgpu.allocator")
 ALLOCATION_ANNOTATION = "vgpu.io/allocation"
 MAX_SCORE = 10
 POD_CACHE_SIZE = 4096  # pods seen in filter, kept for bind; bounded so floods cannot grow it
+PARSED_CACHE_SIZE = 64  # requests read from pods, by the pod's content (filter, prioritize)
 BIND_ATTEMPTS = 3  # re-placements after losing a race with another replica
 
 EventKind = Literal["bound", "claimed", "released"]
@@ -124,6 +125,7 @@ class PlacementEngine:
         # gpushare pods bound but not yet claimed (their ASSIGNED annotation still "false").
         self._gpushare_unassigned: OrderedDict[str, None] = OrderedDict()
         self._observed: OrderedDict[str, None] = OrderedDict()
+        self._parsed: OrderedDict[bytes, PodRequest] = OrderedDict()
 
     def set_event_sink(self, events: EventSink | None) -> None:
         self._events = events
@@ -136,6 +138,23 @@ class PlacementEngine:
         self._seen_pods.move_to_end(uid)
         while len(self._seen_pods) > POD_CACHE_SIZE:
             self._seen_pods.popitem(last=False)
+
+    def parse(self, pod: dict[str, Any]) -> PodRequest:
+        """core.parse, remembered by the pod's whole content: kube-scheduler sends the same
+        pod to filter and then to prioritize (and again when it retries), and reading the
+        request costs far more than encoding the pod to look it up. RequestError as core.parse
+        (refusals are not kept: they are rare and cheap to read again)."""
+        try:
+            key = msgspec.json.encode(pod)
+        except (TypeError, msgspec.EncodeError):  # not JSON (a caller's own dict): just read
+            return self.core.parse(pod)
+        request = self._parsed.get(key)
+        if request is None:
+            request = self.core.parse(pod)
+            self._parsed[key] = request
+            if len(self._parsed) > PARSED_CACHE_SIZE:
+                self._parsed.popitem(last=False)
+        return request
 
     def _observe_once(self, uid: str, request: PodRequest) -> None:
         """Count each pod once in the workload mix, however often it is retried."""
@@ -165,7 +184,7 @@ class PlacementEngine:
         (`record_filtered`: a filter answered in slices passes the union of its slices)."""
         self._remember(pod)
         try:
-            request = self.core.parse(pod)
+            request = self.parse(pod)
         except RequestError as exc:
             names = list(dict.fromkeys(node_names))
             return FilterOutcome(unresolvable={n: f"invalid GPU request: {exc}" for n in names})
@@ -189,7 +208,7 @@ class PlacementEngine:
 
     def prioritize(self, pod: dict[str, Any], node_names: list[str]) -> dict[str, int]:
         try:
-            request = self.core.parse(pod)
+            request = self.parse(pod)
         except RequestError:
             return dict.fromkeys(dict.fromkeys(node_names), 0)
         scores = self.core.prioritize(request, node_names)
@@ -261,7 +280,7 @@ class PlacementEngine:
             await self.release(uid)
         pod = cluster_pod if cluster_pod is not None else await self._pod_for_bind(ref)
         try:
-            request = self.core.parse(pod)
+            request = self.parse(pod)
         except RequestError as exc:
             raise BindError(f"pod {ref}: invalid GPU request: {exc}") from exc
         if not request.containers:

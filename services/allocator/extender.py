@@ -184,7 +184,7 @@ async def prioritize_in_slices(
     if len(names) <= FILTER_SLICE:
         return engine.prioritize(pod, names)
     try:
-        asks_gpus = bool(engine.core.parse(pod).containers)
+        asks_gpus = bool(engine.parse(pod).containers)
     except RequestError:
         return dict.fromkeys(names, 0)
     if not asks_gpus:

@@ -20,9 +20,14 @@ import random
 import msgspec
 import pytest
 
-from services.allocator import wire
+from services.allocator import LocalClusterBackend, wire
+from services.allocator.cluster import CapacityConfig, ClusterState
 from services.allocator.core import PlacementCore, PodRef, Unplaceable
-from services.allocator.policies import POLICIES
+from services.allocator.engine import PlacementEngine
+from services.allocator.ledger import Ledger
+from services.allocator.policies import MAX_SCORE, POLICIES
+from services.common.quantity import QuantityError
+from tests.allocator.helpers import container, node_inventory, pod
 from tests.allocator.test_placement_scan import TIMEOUT_S, Twin, _nodes, _trace_pod
 
 
@@ -135,3 +140,44 @@ def test_filter_and_prioritize_answer_as_the_loop(policy: str) -> None:
 def test_filter_and_prioritize_answer_as_the_loop_default_policy_more_seeds(seed: int) -> None:
     filtered, reused = _replay("hostpack", seed)
     assert filtered > 150 and reused > filtered // 3
+
+
+def test_a_pod_already_placed_keeps_its_node_through_filter_and_prioritize() -> None:
+    """Where a pod's own record holds the room (a bind whose answer was lost), engine.filter
+    passes that node too, last, and prioritize scores it highest: the same with filter's scan
+    reused as node by node."""
+    answers = []
+    for scan in (True, False):
+        cluster = ClusterState(TIMEOUT_S, CapacityConfig())
+        for inventory in (node_inventory("n1", count=1), node_inventory("n2", count=2)):
+            cluster.update(inventory)
+        core = PlacementCore(cluster, Ledger(cluster))
+        core.scan_columns = core.scan_filter = scan
+        engine = PlacementEngine(core, LocalClusterBackend())
+        spec = pod("lost-answer", [container("main", gpus=1)])
+        metadata = spec["metadata"]
+        ref = PodRef(metadata["namespace"], metadata["name"], metadata["uid"])
+        core.commit(ref, "n1", core.parse(spec))  # n1's only GPU: no room left there
+        outcome = engine.filter(spec, ["n1", "n2"])
+        assert outcome.passed == ["n2", "n1"]
+        answers.append((outcome, engine.prioritize(spec, outcome.passed)))
+    assert answers[0] == answers[1]
+    assert answers[0][1]["n1"] == MAX_SCORE
+
+
+def test_a_request_is_read_once_per_pod_content() -> None:
+    """engine.parse remembers a pod's request by the pod's whole content: filter then
+    prioritize read it once; the same pod changed (an in-place resize, same uid) is read
+    again; a malformed one is refused every time."""
+    cluster = ClusterState(TIMEOUT_S, CapacityConfig())
+    engine = PlacementEngine(PlacementCore(cluster, Ledger(cluster)), LocalClusterBackend())
+    spec = pod("resized", [container("main", gpus=1, mem=1000)])
+    first = engine.parse(spec)
+    assert engine.parse(msgspec.json.decode(msgspec.json.encode(spec))) is first
+    spec["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = "2000"
+    resized = engine.parse(spec)
+    assert resized != first and resized == engine.core.parse(spec)
+    spec["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = "two"
+    for _ in range(2):
+        with pytest.raises(QuantityError, match="gpumem"):
+            engine.parse(spec)
