@@ -322,7 +322,9 @@ class PlacementEngine:
                 self.ledger.release(ref.uid)
                 self.journal.removed(node, ref.uid)
                 raise BindError(f"pod {ref}: the decision could not be stored: {exc}") from exc
-            return allocation
+            # The stored version: a merge with the store may have kept an earlier write of
+            # this pod (one whose answer was lost), and the annotation must match the store.
+            return self.ledger.get(ref.uid) or allocation
         raise BindError(f"pod {ref}: node {node!r} kept filling up under concurrent binds")
 
     def _gpushare_annotations(

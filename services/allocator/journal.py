@@ -9,6 +9,13 @@ retried or refused) and writes again. So two replicas can never promise the same
 Writes to one node are serialised in this process and coalesced: a write carries every change
 made to the node so far, so binds queued behind it return as soon as it lands. Other
 replicas' writes arrive through a watch on the bucket and replace the local view of the node.
+
+A write that fails without an answer (a timeout: the bus went away or the server stalled) may
+still have been stored. The journal reads the key back: holding exactly the bytes sent, the
+write counts as made; otherwise it failed, the caller undoes its change, and the journal
+keeps writing the node's current records in the background until the store has them, so a
+write that landed after all is overwritten by the undone state, never left behind
+(docs/allocator.md, "Writes with an unknown outcome").
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from nats.js.api import KeyValueConfig
 from nats.js.client import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
+from prometheus_client import Counter
 
 from services.common.schemas import PodAllocation
 from services.common.subjects import node_token
@@ -34,6 +42,15 @@ from .placement import overbooked, pod_charges
 log = logging.getLogger("vgpu.allocator")
 
 KEY_PREFIX = "node."
+READ_BACK_ATTEMPTS = 3  # reads of a key after a write with no answer, before calling it failed
+RETRY_MIN_S, RETRY_MAX_S = 0.2, 5.0  # background rewrites of nodes whose write failed
+
+UNANSWERED_WRITES = Counter(
+    "vgpu_allocator_store_unanswered_writes_total",
+    "Writes to the decision store that got no answer, by what reading the key back showed "
+    "(landed: stored after all; failed: not stored, or could not be read)",
+    ["outcome"],
+)
 
 
 class NodeRecords(msgspec.Struct, kw_only=True):
@@ -86,6 +103,7 @@ class Journal:
         self._watcher: KeyValue.KeyWatcher | None = None
         self._rewatches: set[asyncio.Task[None]] = set()
         self._watch_lock = asyncio.Lock()  # one (re)watch at a time: never two followers
+        self._retry_task: asyncio.Task[None] | None = None  # rewrites nodes left unwritten
         self._on_remote = on_remote or (lambda node: None)
         self.loaded = asyncio.Event()
 
@@ -133,6 +151,7 @@ class Journal:
         replica meanwhile may never have reached the old watch) and watch anew."""
         if self._kv is not None:
             await self._watch()
+            self._retry_unwritten()
 
     async def _stop_watch(self) -> None:
         task, self._watch_task = self._watch_task, None
@@ -157,8 +176,9 @@ class Journal:
             log.warning("cannot watch the store again", extra={"error": str(task.exception())})
 
     async def close(self) -> None:
-        for task in list(self._rewatches):
-            task.cancel()
+        for task in [*self._rewatches, self._retry_task]:
+            if task is not None:
+                task.cancel()
         await self._stop_watch()
         self._kv = None
 
@@ -202,7 +222,9 @@ class Journal:
         async with journal.lock:
             if entry.revision <= journal.revision:
                 return  # our own write coming back, or older
-            self._take(node, records.pods, journal)
+            # A pending pod the other replica's write left no room for is dropped here: its
+            # bind must hear so (save raises LostRace), or it binds a pod nothing books.
+            journal.lost |= self._take(node, records.pods, journal)
             journal.revision = entry.revision
         self._on_remote(node)
 
@@ -237,6 +259,9 @@ class Journal:
         if uid and uid in journal.lost:
             journal.lost.discard(uid)
             raise LostRace({uid})
+        placed = self._ledger.get(uid) if uid else None
+        if uid and (placed is None or placed.node != node):
+            raise LostRace({uid})  # whatever dropped it: never report a pod stored that is not
 
     async def _write(self, node: str, journal: _NodeJournal) -> None:
         for _ in range(8):
@@ -253,7 +278,17 @@ class Journal:
                 journal.lost |= await self._reconcile(node, journal)
                 continue
             except Exception as exc:
-                raise JournalError(f"cannot write node {node!r} to the store: {exc}") from exc
+                revision = await self._read_back(node, value, journal.revision)
+                if revision is None:
+                    UNANSWERED_WRITES.labels(outcome="failed").inc()
+                    self._retry_unwritten()  # the undone state must replace what may land
+                    raise JournalError(f"cannot write node {node!r} to the store: {exc}") from exc
+                UNANSWERED_WRITES.labels(outcome="landed").inc()
+                log.warning(
+                    "a write to the store got no answer but was stored",
+                    extra={"node": node, "revision": revision, "error": str(exc)},
+                )
+                journal.revision = revision
             journal.written = generation
             break
         else:
@@ -264,6 +299,47 @@ class Journal:
             journal.changed.clear()
         if len(journal.lost) > 10_000:
             journal.lost.clear()
+
+    async def _read_back(self, node: str, value: bytes, after: int) -> int | None:
+        """The revision at which `value` was stored after revision `after`, read from the
+        store; None when the key holds something else or cannot be read."""
+        assert self._kv is not None
+        for attempt in range(READ_BACK_ATTEMPTS):
+            try:
+                entry = await self._kv.get(node_key(node))
+            except KeyNotFoundError:
+                return None
+            except Exception as exc:  # the bus is still away: try again, a few times
+                log.debug("cannot read a key back", extra={"node": node, "error": str(exc)})
+                await asyncio.sleep(RETRY_MIN_S * (attempt + 1))
+                continue
+            revision = entry.revision or 0
+            return revision if revision > after and entry.value == value else None
+        return None
+
+    def _retry_unwritten(self) -> None:
+        """Write, in the background and until they land, the nodes whose last write failed."""
+        if self._kv is None or (self._retry_task is not None and not self._retry_task.done()):
+            return
+        self._retry_task = asyncio.get_running_loop().create_task(self._rewrite_unwritten())
+
+    async def _rewrite_unwritten(self) -> None:
+        pause = RETRY_MIN_S
+        while self._kv is not None:
+            unwritten = [n for n, j in self._nodes.items() if j.written < j.generation]
+            if not unwritten:
+                return
+            for node in unwritten:
+                try:
+                    await self.save(node)
+                except JournalError as exc:
+                    log.info("node still unwritten", extra={"node": node, "error": str(exc)})
+                    break
+            else:
+                pause = RETRY_MIN_S
+                continue
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, RETRY_MAX_S)
 
     async def _reconcile(self, node: str, journal: _NodeJournal) -> set[str]:
         """Take the store's records for `node`, then re-apply our pending changes."""

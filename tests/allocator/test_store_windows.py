@@ -1,0 +1,246 @@
+"""The windows where the allocator's view and its JetStream KV store can part (issue 15: a
+pod bound but not booked, found once by the soak). Each test opens the window on a real
+nats-server at the exact moment, with two journals standing for two allocator replicas.
+
+- A remote write lands while a local bind waits to write: the watch re-applies the pending
+  pod, or drops it when the other replica took the room; a dropped pod must fail its bind
+  (LostRace), never return as if it were stored.
+- A write gets no answer (the bus broke, or the server stalled) although the server stored
+  it: read back, it counts as made; when it cannot be read back the caller undoes its change
+  and the journal rewrites the node once the bus is back, so the store drops it too.
+
+The replica under test reaches the real nats-server through a TCP relay that can drop the
+bytes of one direction (the answers, or the requests) and reset its connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import msgspec
+import pytest
+from nats.js.errors import KeyNotFoundError
+
+from services.allocator.cluster import ClusterState
+from services.allocator.journal import (
+    UNANSWERED_WRITES,
+    Journal,
+    JournalError,
+    LostRace,
+    NodeRecords,
+    node_key,
+)
+from services.allocator.ledger import Ledger
+from services.common.bus import Bus
+from services.common.embedded_nats import EmbeddedNats
+from services.common.schemas import ContainerAllocation, GpuSlice, PodAllocation
+
+from .helpers import A100_MIB, eventually, node_inventory
+
+BUCKET = "windows"
+
+
+class Replica:
+    """One allocator replica's ledger and journal on the shared bucket."""
+
+    def __init__(self) -> None:
+        self.cluster = ClusterState(node_timeout_s=3600)
+        self.cluster.update(node_inventory("n1", count=1))
+        self.ledger = Ledger(self.cluster)
+        self.journal = Journal(self.ledger)
+
+    async def open(self, bus: Bus, timeout_s: float = 5.0) -> Replica:
+        await self.journal.open(bus.client.jetstream(timeout=timeout_s), BUCKET)
+        return self
+
+    def book(self, uid: str, mib: int) -> PodAllocation:
+        """What a bind does before its write: record in the ledger, mark the node changed."""
+        piece = GpuSlice(uuid="GPU-n1-0", index=0, memory_mib=mib, cores=0)
+        allocation = PodAllocation(
+            namespace="ns", name=uid, uid=uid, node="n1",
+            containers={"m": ContainerAllocation(container="m", slices=[piece])},
+        )  # fmt: skip
+        self.ledger.record(allocation)
+        self.journal.added("n1", uid)
+        return allocation
+
+
+async def stored(bus: Bus) -> set[str]:
+    """The pods the store holds on n1."""
+    kv = await bus.client.jetstream().key_value(BUCKET)
+    try:
+        entry = await kv.get(node_key("n1"))
+    except KeyNotFoundError:
+        return set()
+    return {a.uid for a in msgspec.json.decode(entry.value or b"", type=NodeRecords).pods}
+
+
+@pytest.fixture
+async def replicas(bus: Bus) -> AsyncIterator[list[Replica]]:
+    one, two = await Replica().open(bus), await Replica().open(bus)
+    yield [one, two]
+    await one.journal.close()
+    await two.journal.close()
+
+
+async def test_a_pending_pod_pushed_out_by_the_watch_fails_its_bind(
+    bus: Bus, replicas: list[Replica]
+) -> None:
+    one, two = replicas
+    one.book("mine", A100_MIB - 1000)  # recorded, its write not made yet
+    two.book("theirs", A100_MIB - 1000)
+    await two.journal.save("n1", "theirs")
+    # The other replica's write reaches this one's watch before its own write is made.
+    await eventually(lambda: "theirs" in one.ledger, timeout_s=10)
+    assert "mine" not in one.ledger  # no room left for it beside "theirs"
+    with pytest.raises(LostRace):
+        await one.journal.save("n1", "mine")
+    assert await stored(bus) == {"theirs"}
+
+
+async def test_a_pending_pod_that_still_fits_survives_the_watch(
+    bus: Bus, replicas: list[Replica]
+) -> None:
+    one, two = replicas
+    one.book("mine", 10000)
+    two.book("theirs", 10000)
+    await two.journal.save("n1", "theirs")
+    await eventually(lambda: "theirs" in one.ledger, timeout_s=10)
+    await one.journal.save("n1", "mine")
+    assert await stored(bus) == {"mine", "theirs"}
+
+
+class Relay:
+    """A TCP relay to the NATS port that drops the bytes of one direction on demand
+    (`drop_answers`: server to client; `drop_requests`: client to server) and can reset
+    every connection through it (the client then reconnects through it)."""
+
+    def __init__(self, target_port: int) -> None:
+        self._target = target_port
+        self._links: set[asyncio.StreamWriter] = set()
+        self._server: asyncio.Server | None = None
+        self.drop_answers = False
+        self.drop_requests = False
+        self.port = 0
+
+    async def start(self) -> Relay:
+        self._server = await asyncio.start_server(self._link, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def reset(self) -> None:
+        for writer in list(self._links):
+            writer.transport.abort()
+        self._links.clear()
+
+    async def stop(self) -> None:
+        self.reset()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._target)
+        self._links.update((writer, up_writer))
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, up: bool) -> None:
+            with contextlib.suppress(Exception):
+                while data := await src.read(65536):
+                    if not (self.drop_requests if up else self.drop_answers):
+                        dst.write(data)
+                        await dst.drain()
+            dst.transport.abort()
+
+        await asyncio.gather(pump(reader, up_writer, True), pump(up_reader, writer, False))
+
+
+@pytest.fixture
+async def relayed(nats_server: EmbeddedNats, bus: Bus) -> AsyncIterator[tuple[Relay, Replica]]:
+    """A replica behind a relay, its store calls timing out after 1 s."""
+    relay = await Relay(nats_server.port).start()
+    link = await Bus.connect(relay.url, "relayed-replica")
+    replica = await Replica().open(link, timeout_s=1.0)
+    yield relay, replica
+    relay.drop_answers = relay.drop_requests = False
+    await replica.journal.close()
+    await link.close()
+    await relay.stop()
+
+
+def unanswered(outcome: str) -> float:
+    return UNANSWERED_WRITES.labels(outcome=outcome)._value.get()
+
+
+async def until_stored(bus: Bus, uid: str) -> None:
+    for _ in range(500):
+        with contextlib.suppress(Exception):
+            if uid in await stored(bus):
+                return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{uid} never reached the store")
+
+
+async def test_a_write_stored_without_an_answer_counts_as_made(
+    bus: Bus, relayed: tuple[Relay, Replica]
+) -> None:
+    relay, one = relayed
+    landed = unanswered("landed")
+    one.book("p", 10000)
+    relay.drop_answers = True  # the server stores the write; its answer never comes
+    saving = asyncio.create_task(one.journal.save("n1", "p"))
+    await until_stored(bus, "p")
+    relay.drop_answers = False
+    relay.reset()  # the connection breaks, as when NATS is killed: the client reconnects
+    await saving  # no JournalError: the read-back found the write
+    assert unanswered("landed") == landed + 1
+    one.book("q", 10000)  # the journal knows the revision it made: no conflict, no merge
+    await one.journal.save("n1", "q")
+    assert await stored(bus) == {"p", "q"} and {"p", "q"} <= set(one.ledger._pods)
+
+
+async def test_a_write_never_stored_fails_and_nothing_lands_later(
+    bus: Bus, relayed: tuple[Relay, Replica]
+) -> None:
+    relay, one = relayed
+    failed = unanswered("failed")
+    one.book("p", 10000)
+    relay.drop_requests = True  # the write never reaches the server
+    saving = asyncio.create_task(one.journal.save("n1", "p"))
+    await asyncio.sleep(0.3)
+    relay.drop_requests = False
+    relay.reset()
+    with pytest.raises(JournalError):
+        await saving
+    assert unanswered("failed") == failed + 1
+    one.ledger.release("p")  # what the bind does on JournalError
+    one.journal.removed("n1", "p")
+    await asyncio.sleep(1.0)  # a write the client kept to send later would be in by now
+    assert "p" not in await stored(bus)
+
+
+async def test_an_unreadable_outcome_is_undone_in_the_store_once_the_bus_is_back(
+    bus: Bus, relayed: tuple[Relay, Replica]
+) -> None:
+    relay, one = relayed
+    one.book("p", 10000)
+    relay.drop_answers = True  # stored, but neither its answer nor a read back comes
+    saving = asyncio.create_task(one.journal.save("n1", "p"))
+    await until_stored(bus, "p")
+    with pytest.raises(JournalError):
+        await saving
+    one.ledger.release("p")  # what the bind does on JournalError: the pod is not bound
+    one.journal.removed("n1", "p")
+    assert "p" in await stored(bus)  # for now the store holds a booking nobody stands behind
+    relay.drop_answers = False
+    relay.reset()
+    for _ in range(1000):  # the journal's background rewrite takes it out
+        if "p" not in await stored(bus):
+            break
+        await asyncio.sleep(0.01)
+    assert "p" not in await stored(bus)
