@@ -245,11 +245,12 @@ class PlacementEngine:
                 f"cannot read pod {ref} from the cluster: {exc}", reason="cluster_unreachable"
             ) from exc
 
-    async def _cluster_node_of(self, ref: PodRef) -> str | None:
-        try:
-            pod = await self.backend.get_pod(ref.namespace, ref.name)
-        except Exception:
-            return None
+    async def _cluster_node_of(self, ref: PodRef, pod: dict[str, Any] | None = None) -> str | None:
+        """The node the cluster has the pod bound to (None: not bound, or no such pod).
+        A pod that cannot be read is a BindError, never "not bound": taking it for unbound
+        would release the booking of a pod that may run."""
+        if pod is None:
+            pod = await self._read_pod(ref)
         if pod is None or pod_ref(pod).uid not in ("", ref.uid):
             return None
         return (pod.get("spec") or {}).get("nodeName") or None
@@ -269,7 +270,7 @@ class PlacementEngine:
             self.guard.check_pod(ref, cluster_pod, node, placed.node if placed else None)
         existing = self.ledger.get(uid)
         if existing is not None:
-            bound_to = await self._cluster_node_of(ref)
+            bound_to = await self._cluster_node_of(ref, cluster_pod)
             if existing.node == node:
                 if bound_to != node:  # recorded, but a crash came before the binding
                     await self._tell_cluster(ref, existing)
@@ -369,6 +370,8 @@ class PlacementEngine:
             )
             await self._cluster_bind(ref, allocation.node)
         except Exception as exc:
+            if await self._bound_anyway(ref, allocation, exc):
+                return
             self.ledger.release(ref.uid)
             self.journal.removed(allocation.node, ref.uid)
             try:
@@ -382,6 +385,35 @@ class PlacementEngine:
             if isinstance(exc, BindError):
                 raise
             raise BindError(f"cannot annotate pod {ref}: {exc}") from exc
+
+    async def _bound_anyway(self, ref: PodRef, allocation: PodAllocation, exc: Exception) -> bool:
+        """After a failed annotate or bind: whether the pod is bound to the booking's node all
+        the same (the binding was made but its answer lost, or made by an earlier attempt),
+        so the booking must stay. When the pod cannot be read the outcome is unknown: the
+        booking stays too (a booking of a pod never bound is freed by the reconciler within
+        release_unbound_after_s; a pod bound without one shares its GPUs with the next), and
+        the bind fails."""
+        try:
+            bound_to = await self._cluster_node_of(ref)
+        except BindError as read_exc:
+            log.error(
+                "bind outcome unknown: the booking is kept",
+                extra={"pod": str(ref), "uid": ref.uid, "node": allocation.node,
+                       "reason": str(exc), "error": str(read_exc)},
+            )  # fmt: skip
+            raise BindError(
+                f"pod {ref}: binding to node {allocation.node!r} failed ({exc}) and the pod "
+                f"cannot be read back ({read_exc}); its booking is kept until the cluster "
+                f"says whether it was bound",
+                reason="outcome_unknown",
+            ) from exc
+        if bound_to != allocation.node:
+            return False
+        log.warning(
+            "the pod is bound although the bind call failed; the booking stays",
+            extra={"pod": str(ref), "uid": ref.uid, "node": allocation.node, "reason": str(exc)},
+        )
+        return True
 
     async def _cluster_bind(self, ref: PodRef, node: str) -> None:
         try:

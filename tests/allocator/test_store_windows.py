@@ -38,6 +38,7 @@ from services.common.embedded_nats import EmbeddedNats
 from services.common.schemas import ContainerAllocation, GpuSlice, PodAllocation
 
 from .helpers import A100_MIB, eventually, node_inventory
+from .relay import Relay
 
 BUCKET = "windows"
 
@@ -112,59 +113,11 @@ async def test_a_pending_pod_that_still_fits_survives_the_watch(
     assert await stored(bus) == {"mine", "theirs"}
 
 
-class Relay:
-    """A TCP relay to the NATS port that drops the bytes of one direction on demand
-    (`drop_answers`: server to client; `drop_requests`: client to server) and can reset
-    every connection through it (the client then reconnects through it)."""
-
-    def __init__(self, target_port: int) -> None:
-        self._target = target_port
-        self._links: set[asyncio.StreamWriter] = set()
-        self._server: asyncio.Server | None = None
-        self.drop_answers = False
-        self.drop_requests = False
-        self.port = 0
-
-    async def start(self) -> Relay:
-        self._server = await asyncio.start_server(self._link, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    @property
-    def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
-
-    def reset(self) -> None:
-        for writer in list(self._links):
-            writer.transport.abort()
-        self._links.clear()
-
-    async def stop(self) -> None:
-        self.reset()
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-
-    async def _link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._target)
-        self._links.update((writer, up_writer))
-
-        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, up: bool) -> None:
-            with contextlib.suppress(Exception):
-                while data := await src.read(65536):
-                    if not (self.drop_requests if up else self.drop_answers):
-                        dst.write(data)
-                        await dst.drain()
-            dst.transport.abort()
-
-        await asyncio.gather(pump(reader, up_writer, True), pump(up_reader, writer, False))
-
-
 @pytest.fixture
 async def relayed(nats_server: EmbeddedNats, bus: Bus) -> AsyncIterator[tuple[Relay, Replica]]:
     """A replica behind a relay, its store calls timing out after 1 s."""
     relay = await Relay(nats_server.port).start()
-    link = await Bus.connect(relay.url, "relayed-replica")
+    link = await Bus.connect(f"nats://{relay.url}", "relayed-replica")
     replica = await Replica().open(link, timeout_s=1.0)
     yield relay, replica
     relay.drop_answers = relay.drop_requests = False
