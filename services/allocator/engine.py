@@ -272,9 +272,13 @@ class PlacementEngine:
         if existing is not None:
             bound_to = await self._cluster_node_of(ref, cluster_pod)
             if existing.node == node:
+                # A retried bind (the caller timed out) may find the first one's record still
+                # waiting on its write: bind only once the record is stored, never before, or
+                # the first bind's rollback leaves a pod bound that nothing books.
+                await self._stored(ref, node)
                 if bound_to != node:  # recorded, but a crash came before the binding
                     await self._tell_cluster(ref, existing)
-                return existing
+                return self.ledger.get(uid) or existing
             if bound_to is not None:
                 raise BindError(f"pod {ref} is already bound to node {existing.node!r}")
             # Recorded by a replica that died before binding: the record is stale.
@@ -327,6 +331,16 @@ class PlacementEngine:
             # this pod (one whose answer was lost), and the annotation must match the store.
             return self.ledger.get(ref.uid) or allocation
         raise BindError(f"pod {ref}: node {node!r} kept filling up under concurrent binds")
+
+    async def _stored(self, ref: PodRef, node: str) -> None:
+        """Wait until the pod's record on `node` is in the store (a no-op when it is)."""
+        try:
+            await self.journal.save(node, ref.uid)
+        except JournalError as exc:  # LostRace too: the record is gone
+            raise BindError(
+                f"pod {ref}: its decision for node {node!r} is not stored: {exc}",
+                reason="not_stored",
+            ) from exc
 
     def _gpushare_annotations(
         self, pod: dict[str, Any], allocation: PodAllocation

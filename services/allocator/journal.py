@@ -43,6 +43,7 @@ log = logging.getLogger("vgpu.allocator")
 
 KEY_PREFIX = "node."
 READ_BACK_ATTEMPTS = 3  # reads of a key after a write with no answer, before calling it failed
+READ_BACK_TIMEOUT_S = 1.0  # each: the bind waits on them, and its caller has its own timeout
 RETRY_MIN_S, RETRY_MAX_S = 0.2, 5.0  # background rewrites of nodes whose write failed
 
 UNANSWERED_WRITES = Counter(
@@ -306,7 +307,7 @@ class Journal:
         assert self._kv is not None
         for attempt in range(READ_BACK_ATTEMPTS):
             try:
-                entry = await self._kv.get(node_key(node))
+                entry = await asyncio.wait_for(self._kv.get(node_key(node)), READ_BACK_TIMEOUT_S)
             except KeyNotFoundError:
                 return None
             except Exception as exc:  # the bus is still away: try again, a few times

@@ -9,6 +9,11 @@ nats-server at the exact moment, with two journals standing for two allocator re
   it: read back, it counts as made; when it cannot be read back the caller undoes its change
   and the journal rewrites the node once the bus is back, so the store drops it too.
 
+- A bind is retried (its caller timed out) while the first one's write still waits on the
+  store: the retry binds only once the record is stored; before, it told the cluster at
+  once, and when the first write then failed its rollback left a pod bound that nothing
+  booked (what the soak found: the store's 5 s timeout against the scheduler's 5 s).
+
 The replica under test reaches the real nats-server through a TCP relay that can drop the
 bytes of one direction (the answers, or the requests) and reset its connections.
 """
@@ -19,10 +24,12 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+import aiohttp
 import msgspec
 import pytest
 from nats.js.errors import KeyNotFoundError
 
+from services.allocator import Allocator, AllocatorSettings, LocalClusterBackend
 from services.allocator.cluster import ClusterState
 from services.allocator.journal import (
     UNANSWERED_WRITES,
@@ -37,7 +44,18 @@ from services.common.bus import Bus
 from services.common.embedded_nats import EmbeddedNats
 from services.common.schemas import ContainerAllocation, GpuSlice, PodAllocation
 
-from .helpers import A100_MIB, eventually, node_inventory
+from .helpers import (
+    A100_MIB,
+    admit_to_cluster,
+    bind_args,
+    container,
+    eventually,
+    filter_args,
+    give_nodes,
+    node_inventory,
+    pod,
+    post,
+)
 from .relay import Relay
 
 BUCKET = "windows"
@@ -197,3 +215,37 @@ async def test_an_unreadable_outcome_is_undone_in_the_store_once_the_bus_is_back
             break
         await asyncio.sleep(0.01)
     assert "p" not in await stored(bus)
+
+
+async def test_a_retried_bind_waits_for_the_first_ones_write(
+    nats_server: EmbeddedNats, bus: Bus
+) -> None:
+    relay = await Relay(nats_server.port).start()
+    allocator = Allocator(
+        AllocatorSettings(nats_url=f"nats://{relay.url}", http_port=0), LocalClusterBackend()
+    )
+    await allocator.start()
+    try:
+        await give_nodes(bus, allocator, node_inventory("n1", count=1))
+        p = pod("retried", [container("m", mem=10000)], namespace="ml")
+        admit_to_cluster(allocator, p)
+        timeout = aiohttp.ClientTimeout(total=30)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            url = allocator.url
+            _, passed = await post(http, f"{url}/scheduler/filter", filter_args(p, ["n1"]))
+            assert passed["NodeNames"] == ["n1"], passed
+            relay.drop_requests = True  # the store stops answering: the first write hangs
+            first = asyncio.create_task(post(http, f"{url}/scheduler/bind", bind_args(p, "n1")))
+            uid = p["metadata"]["uid"]
+            await eventually(lambda: uid in allocator.ledger, timeout_s=10)
+            _, second = await post(http, f"{url}/scheduler/bind", bind_args(p, "n1"))
+            _, answer = await first
+        assert answer["Error"] and second["Error"], (answer, second)
+        backend = allocator.backend
+        assert isinstance(backend, LocalClusterBackend)
+        bound = (await backend.get_pod("ml", "retried") or {})["spec"].get("nodeName")
+        assert bound is None and uid not in allocator.ledger  # neither bound nor booked
+    finally:
+        relay.drop_requests = False
+        await allocator.stop()
+        await relay.stop()
