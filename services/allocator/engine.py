@@ -122,6 +122,7 @@ class PlacementEngine:
         self.journal = journal or Journal(core.ledger)
         self._events = events
         self._seen_pods: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._binding: set[str] = set()  # uids of the binds in progress here
         # gpushare pods bound but not yet claimed (their ASSIGNED annotation still "false").
         self._gpushare_unassigned: OrderedDict[str, None] = OrderedDict()
         self._observed: OrderedDict[str, None] = OrderedDict()
@@ -262,6 +263,18 @@ class PlacementEngine:
         ref = PodRef(namespace, name, uid)
         if not uid:
             raise BindError(f"pod {ref}: a bind needs the pod's uid", reason="no_uid")
+        if uid in self._binding:
+            # A retry while the first bind still runs (its caller timed out): two binds of one
+            # pod at once could release each other's record; the retry comes back later.
+            raise BindError(f"pod {ref}: a bind of this pod is in progress", reason="in_progress")
+        self._binding.add(uid)
+        try:
+            return await self._bind(ref, node, traceparent)
+        finally:
+            self._binding.discard(uid)
+
+    async def _bind(self, ref: PodRef, node: str, traceparent: str) -> PodAllocation | None:
+        uid = ref.uid
         cluster_pod: dict[str, Any] | None = None
         if self.guard is not None:
             await self.guard.check_filtered(ref, node)

@@ -10,9 +10,10 @@ nats-server at the exact moment, with two journals standing for two allocator re
   and the journal rewrites the node once the bus is back, so the store drops it too.
 
 - A bind is retried (its caller timed out) while the first one's write still waits on the
-  store: the retry binds only once the record is stored; before, it told the cluster at
-  once, and when the first write then failed its rollback left a pod bound that nothing
-  booked (what the soak found: the store's 5 s timeout against the scheduler's 5 s).
+  store: the retry is refused and nothing is bound; before, it found the first bind's
+  record and told the cluster at once, and when the first write then failed its rollback
+  left a pod bound that nothing booked (what the soak found: the store's 5 s timeout
+  against the scheduler's 5 s).
 
 The replica under test reaches the real nats-server through a TCP relay that can drop the
 bytes of one direction (the answers, or the requests) and reset its connections.
