@@ -34,6 +34,7 @@ import uuid
 from collections import deque
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
 from services.common.http_server import serve
@@ -465,7 +466,7 @@ class FakeApiServer:
                         continue
                     event = self._event(change, namespace, selector)
                     if event is not None:
-                        await response.write(json.dumps(event).encode() + b"\n")
+                        await response.write(msgspec.json.encode(event) + b"\n")
                 left = deadline - loop.time()
                 if left <= 0:
                     break

@@ -28,14 +28,26 @@ from typing import Any
 
 import aiohttp
 import msgspec
+import numpy as np
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from services.common.tracing import inject_headers, tracer
 from services.simulators import kube_scoring
+from services.simulators.kube_columns import NodeColumns
 
 _tracer = tracer("vgpu.simulators.scheduler")
 
 SCORE_FACTOR = 10  # kube-scheduler: MaxNodeScore / MaxExtenderPriority
+
+
+class HostPriority(msgspec.Struct):
+    """One entry of an extender's prioritize answer (extenderv1.HostPriority)."""
+
+    Host: str
+    Score: int  # JSON true or 2.0 is not one: such answers take the entry-by-entry path
+
+
+_HOST_PRIORITIES = msgspec.json.Decoder(list[HostPriority])
 
 
 class ExtenderCallError(RuntimeError):
@@ -248,9 +260,22 @@ class SchedulerSimulator:
         """Totals per node; kube-scheduler ignores a failed prioritize, so do we (all zero)."""
         totals = dict.fromkeys(passed, 0)
         try:
-            answer = await self._call(verb, {"Pod": pod, "Nodes": None, "NodeNames": passed})
+            payload = await self._post(verb, {"Pod": pod, "Nodes": None, "NodeNames": passed})
         except ExtenderCallError:
             return totals
+        factor = self.weight * SCORE_FACTOR
+        try:  # the well-formed answer, typed in one pass (hundreds of entries per call)
+            priorities = _HOST_PRIORITIES.decode(payload)
+        except msgspec.ValidationError:
+            pass  # odd entries: judged one by one below
+        except msgspec.DecodeError:
+            return totals  # not JSON
+        else:
+            for entry in priorities:
+                if entry.Host in totals:
+                    totals[entry.Host] += entry.Score * factor
+            return totals
+        answer = msgspec.json.decode(payload)
         if not isinstance(answer, list):
             return totals
         for entry in answer:
@@ -258,10 +283,20 @@ class SchedulerSimulator:
                 continue
             host, score = entry.get("Host"), entry.get("Score")
             if host in totals and isinstance(score, int) and not isinstance(score, bool):
-                totals[host] += score * self.weight * SCORE_FACTOR
+                totals[host] += score * factor
         return totals
 
     async def _call(self, verb: str, body: dict[str, Any]) -> Any:
+        payload = await self._post(verb, body)
+        try:
+            return msgspec.json.decode(payload)
+        except msgspec.DecodeError as exc:
+            raise ExtenderCallError(
+                f"{verb}: the answer from {self.extender_url}/{verb} is not JSON: {exc}"
+            ) from exc
+
+    async def _post(self, verb: str, body: dict[str, Any]) -> bytes:
+        """The extender's answer to one call, unparsed; ExtenderCallError unless HTTP 200."""
         url = f"{self.extender_url}/{verb}"
         with _tracer.start_as_current_span(f"extender-call {verb}", kind=SpanKind.CLIENT):
             headers = inject_headers({"Content-Type": "application/json"})
@@ -280,12 +315,7 @@ class SchedulerSimulator:
             if status != 200:
                 text = payload[:300].decode(errors="replace")
                 raise ExtenderCallError(f"{verb}: HTTP {status} from {url}: {text}")
-            try:
-                return msgspec.json.decode(payload)
-            except msgspec.DecodeError as exc:
-                raise ExtenderCallError(
-                    f"{verb}: the answer from {url} is not JSON: {exc}"
-                ) from exc
+            return payload
 
 
 # -- kube-scheduler's default profile with extenders --------------------------------------
@@ -383,6 +413,7 @@ class KubeSchedulerEmulation:
         self.config = config
         self.rng = random.Random(seed)
         self.nodes: list[kube_scoring.NodeInfo] = []
+        self.columns = NodeColumns(self.nodes)  # the same nodes as arrays, for the scans
         self._next_start = 0
         self._session: aiohttp.ClientSession | None = None
         # One client per extender entry (two entries may share a URL with different verbs).
@@ -415,31 +446,27 @@ class KubeSchedulerEmulation:
                     },
                 )
             )
+        self.columns = NodeColumns(self.nodes)
 
-    def _feasible(self, demand: kube_scoring.PodDemand) -> list[kube_scoring.NodeInfo]:
+    def _feasible(self, demand: kube_scoring.PodDemand) -> list[int]:
+        """Rows of the nodes that fit, in the order examined from the rotating start."""
         total = len(self.nodes)
         wanted = kube_scoring.num_feasible_nodes_to_find(
             total, self.config.percentage_of_nodes_to_score
         )
-        ignored = self.config.ignored_resources
-        feasible: list[kube_scoring.NodeInfo] = []
-        examined = 0
-        for offset in range(total):
-            node = self.nodes[(self._next_start + offset) % total]
-            examined += 1
-            if kube_scoring.fit_problem(node, demand, ignored) is None:
-                feasible.append(node)
-                if len(feasible) >= wanted:
-                    break
+        rows, examined = self.columns.feasible(
+            demand, self.config.ignored_resources, self._next_start, wanted
+        )
         if total:
             self._next_start = (self._next_start + examined) % total
-        return feasible
+        return rows.tolist()
 
     async def schedule(self, pod: dict[str, Any]) -> CycleResult:
         metadata = pod["metadata"]
         namespace, name = metadata.get("namespace") or "default", metadata["name"]
         demand = kube_scoring.pod_demand(pod)
         feasible = self._feasible(demand)
+        columns = self.columns
         if not feasible:
             return CycleResult(reason="no node fits the pod's cpu/memory/resources")
         interested = [
@@ -447,7 +474,7 @@ class KubeSchedulerEmulation:
             for extender, caller in zip(self.config.extenders, self._callers, strict=True)
             if extender.interested(pod)
         ]
-        names = [n.name for n in feasible]
+        names = [columns.names[row] for row in feasible]
         extender_s = 0.0
         timer = time.perf_counter
         for extender, caller in interested:
@@ -467,16 +494,12 @@ class KubeSchedulerEmulation:
             return CycleResult(
                 reason="the extender filtered out every node", extender_ms=extender_s * 1000
             )
-        by_name = {n.name: n for n in feasible}
         if len(names) == 1:
             chosen = names[0]
         else:
-            balanced = not kube_scoring.balanced_allocation_skipped(demand)
-            totals = {
-                n: kube_scoring.least_allocated(by_name[n], demand)
-                + (kube_scoring.balanced_allocation(by_name[n], demand) if balanced else 0)
-                for n in names
-            }
+            rows = np.array([columns.row[n] for n in names], dtype=np.int64)
+            totals = columns.scores(rows, demand).tolist()
+            position = {n: i for i, n in enumerate(names)}
             for extender, caller in interested:
                 if not extender.prioritize_verb:
                     continue
@@ -484,8 +507,8 @@ class KubeSchedulerEmulation:
                 scores = await caller._scores(pod, names, extender.prioritize_verb)
                 extender_s += timer() - begin
                 for host, value in scores.items():
-                    totals[host] += value  # already x weight x 10
-            chosen = kube_scoring.select_host([(n, totals[n]) for n in names], self.rng)
+                    totals[position[host]] += value  # already x weight x 10
+            chosen = kube_scoring.select_host(list(zip(names, totals, strict=True)), self.rng)
         binder = next(((e, c) for e, c in interested if e.bind_verb), None)
         if binder is not None:
             answer = await binder[1]._call(
@@ -515,5 +538,5 @@ class KubeSchedulerEmulation:
                     return CycleResult(
                         reason=f"binding to {chosen}: HTTP {response.status} {text[:200]}"
                     )
-        by_name[chosen].add(demand)
+        columns.add(columns.row[chosen], demand)
         return CycleResult(node=chosen, extender_ms=extender_s * 1000)
