@@ -50,12 +50,19 @@ def _worker(job: Job) -> ReplayResult:
     return run_job(job)
 
 
+def _numbered_worker(numbered: tuple[int, Job]) -> tuple[int, ReplayResult]:
+    return numbered[0], run_job(numbered[1])
+
+
 def run_jobs(
     jobs: Sequence[Job],
     workers: int = 1,
     on_done: Callable[[Job, ReplayResult], None] | None = None,
+    ordered: bool = True,
 ) -> list[ReplayResult]:
-    """Results in the order of `jobs`; `workers` > 1 runs them in separate processes."""
+    """Results in the order of `jobs`; `workers` > 1 runs them in separate processes.
+    `on_done` sees each job as it finishes when not `ordered` (long replays: a slow one
+    does not hold back the report of those after it), else in the order of `jobs`."""
     results: list[ReplayResult] = []
     if workers <= 1 or len(jobs) <= 1:
         for job in jobs:
@@ -64,6 +71,15 @@ def run_jobs(
                 on_done(job, results[-1])
         return results
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        if not ordered:
+            found: dict[int, ReplayResult] = {}
+            for number, result in pool.imap_unordered(
+                _numbered_worker, enumerate(jobs), chunksize=1
+            ):
+                found[number] = result
+                if on_done:
+                    on_done(jobs[number], result)
+            return [found[number] for number in range(len(jobs))]
         for job, result in zip(jobs, pool.imap(_worker, jobs), strict=True):
             results.append(result)
             if on_done:
