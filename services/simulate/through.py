@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -153,7 +154,12 @@ async def replay_async(
         )
         stack.push_async_callback(scheduler.close)
         await scheduler.load_nodes()
-        await _run(api, scheduler, sequence, result, progress)
+        gc.collect()
+        gc.freeze()  # what start-up built lives to the end: keep it out of full collections
+        try:
+            await _run(api, scheduler, sequence, result, progress)
+        finally:
+            gc.unfreeze()
         if inspect is not None:
             inspect(api, allocator)
     return result

@@ -28,7 +28,6 @@ import asyncio
 import contextlib
 import copy
 import datetime
-import itertools
 import json
 import uuid
 from collections import deque
@@ -43,6 +42,7 @@ from services.simulators.json_patch import json_patch
 from services.simulators.kube_users import Users, review_routes
 
 KEEP_CHANGES = 1000  # changes kept for watches to resume from
+ENCODED_LINES = 256  # recent watch lines kept encoded for the next watcher
 SELECTABLE = {
     "pods": ("metadata.name", "metadata.namespace", "spec.nodeName", "spec.schedulerName",
              "status.phase"),
@@ -145,6 +145,7 @@ class FakeApiServer:
         # (resourceVersion, resource, event type, object, the object before the change)
         self._changes: deque[Change] = deque(maxlen=keep_changes)
         self._last: dict[tuple[str, str], dict[str, Any]] = {}  # the latest copy per object
+        self._encoded_lines: dict[tuple[int, str], bytes] = {}  # (version, type) -> line
         self._changed = asyncio.Condition()
         # Who is who for TokenReview and SubjectAccessReview (none by default: every token
         # is refused); tests replace or edit it.
@@ -432,6 +433,19 @@ class FakeApiServer:
         gone["metadata"]["resourceVersion"] = str(version)
         return {"type": "DELETED", "object": gone}
 
+    def _encoded(self, change: Change, event: dict[str, Any]) -> bytes:
+        """One watch line; the same change is sent to several watchers (the allocator has
+        four), so a line that carries the change's own snapshot is encoded once."""
+        if event["object"] is not change[3]:
+            return msgspec.json.encode(event) + b"\n"
+        key = (change[0], event["type"])
+        line = self._encoded_lines.get(key)
+        if line is None:
+            line = self._encoded_lines[key] = msgspec.json.encode(event) + b"\n"
+            if len(self._encoded_lines) > ENCODED_LINES:
+                del self._encoded_lines[next(iter(self._encoded_lines))]  # the oldest
+        return line
+
     async def _watch(
         self, request: web.Request, resource: str, namespace: str | None, selector: Selector
     ) -> web.StreamResponse:
@@ -456,17 +470,18 @@ class FakeApiServer:
         sent = since
         try:
             while self._runner is not None:
-                changes = self._changes
-                start = len(changes)
-                while start and changes[start - 1][0] > sent:  # the new ones are at the end
-                    start -= 1
-                for change in list(itertools.islice(changes, start, None)):
+                fresh = []  # the new ones are at the end: read back to the last one sent
+                for change in reversed(self._changes):
+                    if change[0] <= sent:
+                        break
+                    fresh.append(change)
+                for change in reversed(fresh):
                     sent = change[0]
                     if change[1] != resource:
                         continue
                     event = self._event(change, namespace, selector)
                     if event is not None:
-                        await response.write(msgspec.json.encode(event) + b"\n")
+                        await response.write(self._encoded(change, event))
                 left = deadline - loop.time()
                 if left <= 0:
                     break
