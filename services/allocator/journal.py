@@ -276,7 +276,14 @@ class Journal:
                     node_key(node), value, last=journal.revision
                 )
             except KeyWrongLastSequenceError:
-                journal.lost |= await self._reconcile(node, journal)
+                lost, stored = await self._reconcile(node, journal)
+                journal.lost |= lost
+                if stored == {a.uid: a for a in self._ledger.on_node(node)}:
+                    # Another replica already made our changes (a follower freeing a pod
+                    # the leader freed): writing them again only bumps the revision and
+                    # makes every other writer of this node lose its compare-and-set.
+                    journal.written = journal.generation
+                    break
                 continue
             except Exception as exc:
                 revision = await self._read_back(node, value, journal.revision)
@@ -293,6 +300,7 @@ class Journal:
             journal.written = generation
             break
         else:
+            self._retry_unwritten()  # the change stays ours: it lands once writers calm down
             raise JournalError(f"node {node!r}: the store kept changing under us")
         if journal.written >= journal.generation:
             journal.added.clear()
@@ -342,8 +350,11 @@ class Journal:
             await asyncio.sleep(pause)
             pause = min(pause * 2, RETRY_MAX_S)
 
-    async def _reconcile(self, node: str, journal: _NodeJournal) -> set[str]:
-        """Take the store's records for `node`, then re-apply our pending changes."""
+    async def _reconcile(
+        self, node: str, journal: _NodeJournal
+    ) -> tuple[set[str], dict[str, PodAllocation]]:
+        """Take the store's records for `node`, then re-apply our pending changes. Returns
+        the added pods that no longer fit, and the store's records by pod UID."""
         assert self._kv is not None
         try:
             entry = await self._kv.get(node_key(node))
@@ -358,7 +369,7 @@ class Journal:
         lost = self._take(node, records.pods, journal, mine)
         journal.revision = revision
         self._on_remote(node)
-        return lost
+        return lost, {a.uid: a for a in records.pods}
 
     def _take(
         self,

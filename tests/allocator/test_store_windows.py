@@ -132,6 +132,35 @@ async def test_a_pending_pod_that_still_fits_survives_the_watch(
     assert await stored(bus) == {"mine", "theirs"}
 
 
+async def revision(bus: Bus) -> int:
+    kv = await bus.client.jetstream().key_value(BUCKET)
+    return (await kv.get(node_key("n1"))).revision or 0
+
+
+async def test_a_release_the_store_already_holds_is_not_written_again(
+    bus: Bus, replicas: list[Replica]
+) -> None:
+    """A follower freeing a pod the leader freed meanwhile: its write would change nothing
+    but the revision, and at 50 pods/s such writes made the leader's compare-and-set lose
+    eight times running ("the store kept changing under us", 164 times in the hour soak)."""
+    one, two = replicas
+    one.book("gone", 10000)
+    await one.journal.save("n1", "gone")
+    await eventually(lambda: "gone" in two.ledger, timeout_s=10)
+    await two.journal._stop_watch()  # two hears nothing more: its revision goes stale
+    one.ledger.release("gone")
+    one.journal.removed("n1", "gone")
+    await one.journal.save("n1")
+    freed_at = await revision(bus)
+    two.ledger.release("gone")  # the follower's own release of the same pod
+    two.journal.removed("n1", "gone")
+    await two.journal.save("n1")  # its compare-and-set fails; the store already agrees
+    assert await revision(bus) == freed_at and await stored(bus) == set()
+    two.book("next", 10000)  # the merge left two at the store's revision: no conflict now
+    await two.journal.save("n1", "next")
+    assert await revision(bus) == freed_at + 1 and await stored(bus) == {"next"}
+
+
 @pytest.fixture
 async def relayed(nats_server: EmbeddedNats, bus: Bus) -> AsyncIterator[tuple[Relay, Replica]]:
     """A replica behind a relay, its store calls timing out after 1 s."""
