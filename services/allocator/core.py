@@ -469,15 +469,16 @@ class PlacementCore:
         their cached results. The same outcome, in the same order, as the loop; None if a
         node the scan ruled out fits after all (the loop then answers)."""
         fresh_since = self.cluster.fresh_since()
-        table, rows, scores = self._scan(pod, MIX_REFRESH_PER_CALL, names, fresh_since)
-        if len(rows) == len(names):  # all passed (rows keep the order of `names`)
-            passed = names
+        table, taken, rows, scores = self._scan_taken(pod, MIX_REFRESH_PER_CALL, names, fresh_since)
+        assert taken is not None
+        if len(rows) == len(names):  # all passed
+            outcome = FilterOutcome(passed=names)
         else:
-            table_names = table.names
-            passed = [table_names[row] for row in rows.tolist()]
-        outcome = FilterOutcome(passed=passed)
-        if len(passed) < len(names) and not self._explain(pod, names, passed, fresh_since, outcome):
-            return None
+            outcome = FilterOutcome(passed=[names[i] for i in np.flatnonzero(taken).tolist()])
+            others = [names[i] for i in np.flatnonzero(~taken).tolist()]
+            if not self._explain(pod, others, fresh_since, outcome):
+                return None
+        passed = outcome.passed
         key = self._key(pod)
         if self._columns[key].valid(table, self._call_mix_version)[rows].all():
             # Every score is current (a mix policy's may lag when the refresh budget ran out:
@@ -487,21 +488,13 @@ class PlacementCore:
         return outcome
 
     def _explain(
-        self,
-        pod: PodRequest,
-        names: list[str],
-        passed: list[str],
-        fresh_since: float,
-        outcome: FilterOutcome,
+        self, pod: PodRequest, names: list[str], fresh_since: float, outcome: FilterOutcome
     ) -> bool:
-        """The loop's reasons for each of `names` not in `passed`, in order, into `outcome`;
-        False when one of them fits."""
+        """The loop's reason for each of `names` (the scan did not pass them), in order,
+        into `outcome`; False when one of them fits after all."""
         key = self._key(pod)
         status, get, evaluate = self.cluster.status, self.cluster.lookup(), self._evaluate
-        taken = set(passed)
         for name in names:
-            if name in taken:
-                continue
             node = get(name)
             if node is None or node.received_at < fresh_since:
                 outcome.failed[name] = status(name).reason
@@ -606,11 +599,12 @@ class PlacementCore:
         GPUs get the host score (cpu_pod_scores): exactly the best nodes 10, others 0..9."""
         names = list(dict.fromkeys(node_names))
         node_policy, _ = self.policies_of(pod)
-        scores = dict.fromkeys(names, 0)
         if not pod.containers:
+            scores = dict.fromkeys(names, 0)
             scores.update(relative_scores(self.cpu_pod_scores(pod, names)))
             return scores
         reused = self._reused_scan(pod, names) if self.scan_columns else None
+        scores = {} if reused is not None else dict.fromkeys(names, 0)
         if not getattr(node_policy, "absolute", False) or not pod.containers:
             if reused is not None and getattr(node_policy, "relative", False):
                 # Every name passed filter: all of them are scored, in order.
@@ -667,17 +661,25 @@ class PlacementCore:
         return table.names[int(rows[np.argmax(scores)])]  # the first best: the lowest name
 
     def _scan(
-        self,
-        pod: PodRequest,
-        refresh: int,
-        given: list[str] | None,
-        fresh_since: float | None = None,
+        self, pod: PodRequest, refresh: int, given: list[str] | None
     ) -> tuple[NodeTable, np.ndarray, np.ndarray]:
         """The nodes that can take the pod (table rows, in name order or the order of
         `given`) and their exact scores: what `_results` and `_scorer` give node by node,
         with the per-node tests and the scoring done on columns. The same tests, cache,
         refresh budget and scores; only nodes whose cached result is stale are evaluated,
         through `_evaluate`, in the same order."""
+        table, _, rows, scores = self._scan_taken(pod, refresh, given)
+        return table, rows, scores
+
+    def _scan_taken(
+        self,
+        pod: PodRequest,
+        refresh: int,
+        given: list[str] | None,
+        fresh_since: float | None = None,
+    ) -> tuple[NodeTable, np.ndarray | None, np.ndarray, np.ndarray]:
+        """`_scan`, and for each of `given` whether it is among the rows found (None when
+        no names are given)."""
         key = self._key(pod)
         self._refresh_budget = refresh
         mix_version = self._call_mix_version
@@ -693,21 +695,26 @@ class PlacementCore:
         if pod.selection.use_types or pod.selection.nouse_types:
             # A node whose every GPU is of a model the pod refuses can never fit it.
             may &= table.allows_models(pod.selection.allows_model)
+        considered: np.ndarray | None = None  # of `given`: known, and passing `may`
         if given is None:
             candidates = np.flatnonzero(may)
         else:
             index = table.index
             found = map(index.get, given, itertools.repeat(-1))
             rows = np.fromiter(found, np.int64, len(given))
-            rows = rows[rows >= 0]  # a node never heard of cannot take it
-            candidates = rows[may[rows]]
+            considered = rows >= 0  # a node never heard of cannot take it
+            considered[considered] = may[rows[considered]]
+            candidates = rows[considered]
         columns = self._result_columns(key, table)
         stale = candidates[~columns.valid(table, mix_version)[candidates]]
         if len(stale) > GROUP_FROM and self._alike_by_signature(pod):
             self._evaluate_by_signature(pod, key, table, columns, stale)
         else:
             self._evaluate_rows(pod, key, table, columns, stale.tolist())
-        rows = candidates[columns.fit[candidates]]
+        fit = columns.fit[candidates]
+        rows = candidates[fit]
+        if considered is not None:
+            considered[considered] = fit  # now: taken
         scores = columns.raw[rows]
         node_policy = self.policies_of(pod)[0]
         host_score = getattr(node_policy, "host_score", None)
@@ -724,7 +731,7 @@ class PlacementCore:
                         for r in rows.tolist()
                     ]
                 )
-        return table, rows, scores
+        return table, considered, rows, scores
 
     def _score10(self, pod: PodRequest, rows: np.ndarray) -> np.ndarray:
         """The cached 0..10 scores of `rows` for the pod's shape (after a `_scan` of it)."""
