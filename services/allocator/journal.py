@@ -276,7 +276,11 @@ class Journal:
                     node_key(node), value, last=journal.revision
                 )
             except KeyWrongLastSequenceError:
-                lost, stored = await self._reconcile(node, journal)
+                try:
+                    lost, stored = await self._reconcile(node, journal)
+                except Exception as exc:  # the read after the refusal failed (bus away)
+                    self._retry_unwritten()
+                    raise JournalError(f"cannot read node {node!r} back: {exc}") from exc
                 journal.lost |= lost
                 if stored == {a.uid: a for a in self._ledger.on_node(node)}:
                     # Another replica already made our changes (a follower freeing a pod

@@ -279,3 +279,27 @@ async def test_a_retried_bind_waits_for_the_first_ones_write(
         relay.drop_requests = False
         await allocator.stop()
         await relay.stop()
+
+
+async def test_a_refused_write_whose_read_back_fails_is_a_store_error(
+    bus: Bus, relayed: tuple[Relay, Replica]
+) -> None:
+    """Compare-and-set refuses the write (another replica wrote the node) and the read of the
+    node that follows gets no answer: the bind hears a JournalError and undoes its record,
+    not an unexpected exception that left the record pending (seen in the soak)."""
+    relay, one = relayed
+    two = await Replica().open(bus)
+    try:
+        two.book("a", 1000)
+        await two.journal.save("n1", "a")
+        await eventually(lambda: "a" in one.ledger, timeout_s=10)
+        await one.journal._stop_watch()  # it no longer hears the other replica's writes
+        two.book("b", 1000)
+        await two.journal.save("n1", "b")
+        one.book("c", 1000)
+        relay.lose_answer_to = b"GET.KV_"  # the read of the node after the refusal
+        with pytest.raises(JournalError):
+            await one.journal.save("n1", "c")
+        assert relay.answers_lost == 1
+    finally:
+        await two.journal.close()
