@@ -45,6 +45,10 @@ WATCH_THREADS = 4
 # Binds, patches and reads run on asyncio's default threads (CPUs + 4, at most 32) beside the
 # watch threads; urllib3's default of 10 pooled connections made bursts drop connections.
 CONNECTION_POOL_SIZE = 40
+# A bind, patch, read or event the API server never answers fails after this long instead of
+# holding its thread (and the pod's bind) forever; kube-scheduler gave up after its own
+# extender httpTimeout (5 s in deploy/k8s) long before.
+REQUEST_TIMEOUT_S = 10.0
 # kube-scheduler's pod informers: assigned pods that have not ended, and the pending ones.
 BOUND_RUNNING_PODS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 UNBOUND_PODS = "spec.nodeName=,status.phase!=Succeeded,status.phase!=Failed"
@@ -58,8 +62,14 @@ def _api_error(exc: ApiException) -> str:
 
 
 class KubernetesBackend:
-    def __init__(self, api_client: k8s.ApiClient, component: str = "vgpu-allocator") -> None:
+    def __init__(
+        self,
+        api_client: k8s.ApiClient,
+        component: str = "vgpu-allocator",
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+    ) -> None:
         self._api_client = api_client
+        self.request_timeout_s = request_timeout_s
         self.core = k8s.CoreV1Api(api_client)
         self.component = component
         self._stopping = threading.Event()
@@ -82,11 +92,11 @@ class KubernetesBackend:
         return cls(k8s.ApiClient(configuration))
 
     @classmethod
-    def for_url(cls, url: str) -> KubernetesBackend:
+    def for_url(cls, url: str, request_timeout_s: float = REQUEST_TIMEOUT_S) -> KubernetesBackend:
         configuration = k8s.Configuration()
         configuration.host = url
         configuration.connection_pool_maxsize = CONNECTION_POOL_SIZE
-        return cls(k8s.ApiClient(configuration))
+        return cls(k8s.ApiClient(configuration), request_timeout_s=request_timeout_s)
 
     async def close(self) -> None:
         self._stopping.set()
@@ -110,6 +120,7 @@ class KubernetesBackend:
                 namespace,
                 body,
                 _preload_content=False,
+                _request_timeout=self.request_timeout_s,
             )
         except ApiException as exc:
             raise BackendError(f"binding refused ({exc.status}): {_api_error(exc)}") from exc
@@ -118,7 +129,12 @@ class KubernetesBackend:
         patch = {"metadata": {"annotations": annotations}}
         try:
             await asyncio.to_thread(
-                self.core.patch_namespaced_pod, name, namespace, patch, _preload_content=False
+                self.core.patch_namespaced_pod,
+                name,
+                namespace,
+                patch,
+                _preload_content=False,
+                _request_timeout=self.request_timeout_s,
             )
         except ApiException as exc:
             raise BackendError(f"patch refused ({exc.status}): {_api_error(exc)}") from exc
@@ -126,7 +142,11 @@ class KubernetesBackend:
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             response = await asyncio.to_thread(
-                self.core.read_namespaced_pod, name, namespace, _preload_content=False
+                self.core.read_namespaced_pod,
+                name,
+                namespace,
+                _preload_content=False,
+                _request_timeout=self.request_timeout_s,
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -157,7 +177,11 @@ class KubernetesBackend:
         }  # fmt: skip
         try:
             await asyncio.to_thread(
-                self.core.create_namespaced_event, namespace, event, _preload_content=False
+                self.core.create_namespaced_event,
+                namespace,
+                event,
+                _preload_content=False,
+                _request_timeout=self.request_timeout_s,
             )
         except ApiException as exc:
             raise BackendError(f"event refused ({exc.status}): {_api_error(exc)}") from exc

@@ -3,13 +3,17 @@ server: Binding, the decision annotation, Events, the pod watch and the rebuild.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
 
 from services.allocator import ALLOCATION_ANNOTATION, Allocator, AllocatorSettings
+from services.allocator.kube import KubernetesBackend
 from services.common.bus import Bus
 from services.common.embedded_nats import EmbeddedNats
 from services.simulators.apiserver import FakeApiServer
@@ -127,3 +131,35 @@ async def test_rebuild_from_pod_annotations_when_the_store_is_empty(
     (rebuilt,) = second.engine.allocations()
     assert rebuilt.uid == p["metadata"]["uid"] and rebuilt.containers["i"].init
     assert second.ledger.reserved("n1")["GPU-n1-0"].memory_mib == 5000
+
+
+async def test_an_api_server_that_never_answers_fails_each_call_in_bounded_time() -> None:
+    """A socket that takes requests and answers nothing (a stalled API server): every call
+    the allocator's binds make fails after the request timeout instead of hanging forever."""
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while await reader.read(65536):
+                pass  # read the request, never answer
+        writer.close()
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    backend = KubernetesBackend.for_url(f"http://127.0.0.1:{port}", request_timeout_s=0.5)
+    calls = {
+        "bind": backend.bind("ml", "p", "uid-p", "n1"),
+        "annotate": backend.annotate("ml", "p", {"a": "b"}),
+        "read": backend.get_pod("ml", "p"),
+        "event": backend.emit_event("ml", "p", "uid-p", "Reason", "message"),
+    }
+    try:
+        for what, call in calls.items():
+            started = time.monotonic()
+            with pytest.raises(Exception) as raised:
+                await asyncio.wait_for(call, timeout=30)
+            assert not isinstance(raised.value, TimeoutError), f"{what} hung"
+            assert time.monotonic() - started < 10, what
+    finally:
+        await backend.close()
+        server.close()
+        await server.wait_closed()
