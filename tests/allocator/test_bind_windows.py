@@ -29,14 +29,6 @@ from .relay import Relay
 
 
 @pytest.fixture
-async def api() -> AsyncIterator[FakeApiServer]:
-    server = FakeApiServer()
-    await server.start()
-    yield server
-    await server.stop()
-
-
-@pytest.fixture
 async def relayed(
     nats_server: EmbeddedNats, api: FakeApiServer, bus: Bus
 ) -> AsyncIterator[tuple[Relay, Allocator]]:

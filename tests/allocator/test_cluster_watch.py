@@ -29,14 +29,6 @@ from .helpers import pod as gpu_pod
 
 
 @pytest.fixture
-async def api() -> AsyncIterator[FakeApiServer]:
-    server = FakeApiServer()
-    await server.start()
-    yield server
-    await server.stop()
-
-
-@pytest.fixture
 async def allocator(nats_server: EmbeddedNats, api: FakeApiServer) -> AsyncIterator[Allocator]:
     api.add_node("n1", allocatable={"cpu": "8", "memory": "32Gi", "pods": "3"})
     api.add_node("n2", allocatable={"cpu": "64", "memory": "256Gi", "pods": "110"})

@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -97,14 +96,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[FakeApiServer]:
-    server = FakeApiServer()
-    await server.start()
-    yield server
-    await server.stop()
 
 
 async def _wait_http(url: str, timeout_s: float = 30.0) -> None:

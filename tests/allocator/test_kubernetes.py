@@ -32,14 +32,6 @@ from .helpers import (
 
 
 @pytest.fixture
-async def api() -> AsyncIterator[FakeApiServer]:
-    server = FakeApiServer()
-    await server.start()
-    yield server
-    await server.stop()
-
-
-@pytest.fixture
 async def kube_allocators(
     nats_server: EmbeddedNats, api: FakeApiServer
 ) -> AsyncIterator[list[Allocator]]:

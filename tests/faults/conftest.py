@@ -24,14 +24,6 @@ def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
 
 
 @pytest.fixture
-async def api() -> AsyncIterator[FakeApiServer]:
-    server = FakeApiServer()
-    await server.start()
-    yield server
-    await server.stop()
-
-
-@pytest.fixture
 async def bus(nats_server: EmbeddedNats) -> AsyncIterator[Bus]:
     connected = await Bus.connect(nats_server.url, "faults-auditor")
     yield connected

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 
 import pytest
 from kubernetes import client as k8s
@@ -12,14 +11,6 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.rest import ApiException
 
 from services.simulators.apiserver import FakeApiServer
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[FakeApiServer]:
-    server = FakeApiServer()
-    await server.start()
-    yield server
-    await server.stop()
 
 
 def core_api(api: FakeApiServer) -> k8s.CoreV1Api:

@@ -3,8 +3,6 @@ the real kubernetes client against the fake API server, the real agent and kubel
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import kubernetes.client as k8s
 import pytest
 
@@ -16,14 +14,6 @@ from services.nodeagent.settings import NodeAgentSettings
 from services.simulators.apiserver import FakeApiServer
 from services.simulators.kubelet import KubeletSimulator
 from tests.nodeagent.harness import NODE, RESOURCE, NodeDirs, agent_settings, kubelet_settings
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[FakeApiServer]:
-    server = FakeApiServer()
-    await server.start()
-    yield server
-    await server.stop()
 
 
 def labeler(url: str) -> KubernetesNodeLabeler:
