@@ -9,11 +9,13 @@ from typing import Any
 
 import aiohttp
 import msgspec
+from nats.js.errors import KeyNotFoundError
 
 from services.allocator import Allocator, LocalClusterBackend
+from services.allocator.journal import NodeRecords, node_key
 from services.common import subjects
 from services.common.bus import Bus
-from services.common.schemas import AllocationEvent, GpuDevice, NodeInventory
+from services.common.schemas import AllocationEvent, GpuDevice, NodeInventory, PodAllocation
 
 A100_MIB = 40960
 
@@ -140,3 +142,13 @@ async def collect_events(bus: Bus, node: str) -> list[AllocationEvent]:
     await bus.subscribe(subjects.alloc_events(node), AllocationEvent, on_event)
     await bus.client.flush()
     return events
+
+
+async def stored_pods(bus: Bus, node: str, bucket: str = "vgpu-allocations") -> list[PodAllocation]:
+    """What the allocator's JetStream KV store holds for `node` (nothing without a key)."""
+    kv = await bus.client.jetstream().key_value(bucket)
+    try:
+        entry = await kv.get(node_key(node))
+    except KeyNotFoundError:
+        return []
+    return msgspec.json.decode(entry.value or b"", type=NodeRecords).pods

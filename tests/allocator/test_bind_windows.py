@@ -19,12 +19,20 @@ import aiohttp
 import pytest
 
 from services.allocator import Allocator, AllocatorSettings
-from services.allocator.journal import NodeRecords, node_key
 from services.common.bus import Bus
 from services.common.embedded_nats import EmbeddedNats
 from services.simulators.apiserver import FakeApiServer
 
-from .helpers import bind_args, container, filter_args, give_nodes, node_inventory, pod, post
+from .helpers import (
+    bind_args,
+    container,
+    filter_args,
+    give_nodes,
+    node_inventory,
+    pod,
+    post,
+    stored_pods,
+)
 from .relay import Relay
 
 
@@ -47,11 +55,7 @@ async def relayed(
 
 
 async def stored_uids(bus: Bus) -> set[str]:
-    import msgspec
-
-    kv = await bus.client.jetstream().key_value("vgpu-allocations")
-    entry = await kv.get(node_key("n1"))
-    return {a.uid for a in msgspec.json.decode(entry.value or b"", type=NodeRecords).pods}
+    return {a.uid for a in await stored_pods(bus, "n1")}
 
 
 async def bind_losing_its_answer(

@@ -12,11 +12,9 @@ import sys
 from pathlib import Path
 
 import aiohttp
-import msgspec
 import pytest
 
 from services.allocator import Allocator, AllocatorSettings, LocalClusterBackend
-from services.allocator.journal import NodeRecords, node_key
 from services.common.bus import Bus
 from services.common.embedded_nats import EmbeddedNats
 from services.simulators.apiserver import FakeApiServer
@@ -34,6 +32,7 @@ from .helpers import (
     node_inventory,
     pod,
     post,
+    stored_pods,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -196,11 +195,9 @@ async def test_killing_the_active_replica_mid_burst_loses_and_double_books_nothi
             for gpu, held in standby.ledger.reserved(node.node).items():
                 assert held.memory_mib <= A100_MIB, (gpu, held)
         # And the store says the same as the survivor.
-        kv = await bus.client.jetstream().key_value("vgpu-allocations")
         stored: dict[str, str] = {}
         for node in nodes:
-            entry = await kv.get(node_key(node.node))
-            for allocation in msgspec.json.decode(entry.value, type=NodeRecords).pods:
+            for allocation in await stored_pods(bus, node.node):
                 stored[allocation.uid] = allocation.node
         assert stored == bound
         await eventually(lambda: standby.leading, timeout_s=10)

@@ -26,9 +26,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import aiohttp
-import msgspec
 import pytest
-from nats.js.errors import KeyNotFoundError
 
 from services.allocator import Allocator, AllocatorSettings, LocalClusterBackend
 from services.allocator.cluster import ClusterState
@@ -37,7 +35,6 @@ from services.allocator.journal import (
     Journal,
     JournalError,
     LostRace,
-    NodeRecords,
     node_key,
 )
 from services.allocator.ledger import Ledger
@@ -56,6 +53,7 @@ from .helpers import (
     node_inventory,
     pod,
     post,
+    stored_pods,
 )
 from .relay import Relay
 
@@ -89,12 +87,7 @@ class Replica:
 
 async def stored(bus: Bus) -> set[str]:
     """The pods the store holds on n1."""
-    kv = await bus.client.jetstream().key_value(BUCKET)
-    try:
-        entry = await kv.get(node_key("n1"))
-    except KeyNotFoundError:
-        return set()
-    return {a.uid for a in msgspec.json.decode(entry.value or b"", type=NodeRecords).pods}
+    return {a.uid for a in await stored_pods(bus, "n1", BUCKET)}
 
 
 @pytest.fixture
