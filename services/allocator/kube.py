@@ -54,6 +54,11 @@ BOUND_RUNNING_PODS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Fail
 UNBOUND_PODS = "spec.nodeName=,status.phase!=Succeeded,status.phase!=Failed"
 
 
+def _api_client(configuration: k8s.Configuration) -> k8s.ApiClient:
+    configuration.connection_pool_maxsize = CONNECTION_POOL_SIZE  # read when the pool is made
+    return k8s.ApiClient(configuration)
+
+
 def _api_error(exc: ApiException) -> str:
     try:
         return str(json.loads(exc.body).get("message") or exc.reason)
@@ -88,15 +93,13 @@ class KubernetesBackend:
             )
         else:
             k8s_config.load_incluster_config(client_configuration=configuration)
-        configuration.connection_pool_maxsize = CONNECTION_POOL_SIZE
-        return cls(k8s.ApiClient(configuration))
+        return cls(_api_client(configuration))
 
     @classmethod
     def for_url(cls, url: str, request_timeout_s: float = REQUEST_TIMEOUT_S) -> KubernetesBackend:
         configuration = k8s.Configuration()
         configuration.host = url
-        configuration.connection_pool_maxsize = CONNECTION_POOL_SIZE
-        return cls(k8s.ApiClient(configuration), request_timeout_s=request_timeout_s)
+        return cls(_api_client(configuration), request_timeout_s=request_timeout_s)
 
     async def close(self) -> None:
         self._stopping.set()
