@@ -26,6 +26,7 @@ import msgspec
 
 from services.allocator.journal import KEY_PREFIX, NodeRecords
 from services.common.bus import Bus
+from services.common.kv_snapshot import read_current
 from services.simulators.apiserver import FakeApiServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,6 +109,14 @@ class Processes:
         )  # fmt: skip
         self.nodes[name].agent = agent
         return agent
+
+    def log_tails(self, lines: int = 30) -> str:
+        """The last lines of every process's log: what a failed assertion shows."""
+        parts = []
+        for log in sorted(self.workdir.glob("*.log")):
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            parts.append(f"--- {log.name} ---\n" + "\n".join(tail))
+        return "\n".join(parts)
 
     def close(self) -> None:
         for process in self.started:
@@ -273,13 +282,10 @@ async def audit(api: FakeApiServer, bus: Bus, namespace: str = "faults") -> Audi
     booked_at: dict[str, float] = {}
     duplicates: list[str] = []
     memory: dict[str, int] = defaultdict(int)
-    for key in await kv.keys():
-        if not key.startswith(KEY_PREFIX):
+    for key, value in (await read_current(kv)).items():
+        if not key.startswith(KEY_PREFIX) or not value:
             continue
-        entry = await kv.get(key)
-        if not entry.value:
-            continue
-        for allocation in msgspec.json.decode(entry.value, type=NodeRecords).pods:
+        for allocation in msgspec.json.decode(value, type=NodeRecords).pods:
             if allocation.uid in stored:
                 duplicates.append(allocation.uid)
             stored[allocation.uid] = allocation.node

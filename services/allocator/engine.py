@@ -325,6 +325,12 @@ class PlacementEngine:
     async def _record_durably(
         self, ref: PodRef, node: str, request: PodRequest, traceparent: str
     ) -> PodAllocation:
+        try:
+            self.journal.check_reachable()
+        except JournalError as exc:
+            raise BindError(
+                f"pod {ref}: no decision is made: {exc}", reason="store_unreachable"
+            ) from exc
         for _ in range(BIND_ATTEMPTS):
             try:
                 allocation = self.core.commit(ref, node, request, traceparent)

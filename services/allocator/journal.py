@@ -33,6 +33,7 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSe
 from nats.js.kv import KeyValue
 from prometheus_client import Counter
 
+from services.common.kv_snapshot import watch_current
 from services.common.schemas import PodAllocation
 from services.common.subjects import node_token
 
@@ -106,6 +107,7 @@ class Journal:
         self._watch_lock = asyncio.Lock()  # one (re)watch at a time: never two followers
         self._retry_task: asyncio.Task[None] | None = None  # rewrites nodes left unwritten
         self._on_remote = on_remote or (lambda node: None)
+        self._connected: Callable[[], bool] = lambda: True
         self.loaded = asyncio.Event()
 
     @property
@@ -120,8 +122,16 @@ class Journal:
 
     # -- start / stop ---------------------------------------------------------------------
 
-    async def open(self, js: JetStreamContext, bucket: str, replicas: int = 1) -> None:
-        """Open (or create) the bucket, load every node's records, then follow changes."""
+    async def open(
+        self,
+        js: JetStreamContext,
+        bucket: str,
+        replicas: int = 1,
+        connected: Callable[[], bool] = lambda: True,
+    ) -> None:
+        """Open (or create) the bucket, load every node's records, then follow changes.
+        `connected` says whether the bus to the store is up right now."""
+        self._connected = connected
         try:
             self._kv = await js.key_value(bucket)
         except BucketNotFoundError:
@@ -138,10 +148,8 @@ class Journal:
 
     async def _watch_unlocked(self) -> None:
         assert self._kv is not None
-        watcher = await self._kv.watchall()
-        async for entry in watcher:  # the current values, then None
-            if entry is None:
-                break
+        entries, watcher = await watch_current(self._kv)
+        for entry in entries:
             await self._apply_entry(entry)
         await self._stop_watch()
         self._watcher = watcher
@@ -248,6 +256,13 @@ class Journal:
         journal = self._node(node)
         journal.changed.add(uid)
         journal.generation += 1
+
+    def check_reachable(self) -> None:
+        """JournalError while the bus to the store is known to be down: a decision made now
+        would wait out the write's timeout (its caller's, often) and could still land after
+        the caller gave up, so none is made."""
+        if self._kv is not None and not self._connected():
+            raise JournalError("the store is unreachable: the bus to NATS is down")
 
     async def save(self, node: str, uid: str = "") -> None:
         """Make every local change to `node` so far durable. LostRace when the pod `uid`

@@ -190,7 +190,12 @@ class Allocator:
         js = self._bus.client.jetstream(timeout=5)
         if settings.state_bucket:
             try:
-                await self.journal.open(js, settings.state_bucket, settings.state_replicas)
+                await self.journal.open(
+                    js,
+                    settings.state_bucket,
+                    settings.state_replicas,
+                    connected=lambda: self._bus is not None and self._bus.client.is_connected,
+                )
             except Exception as exc:
                 raise RuntimeError(
                     f"cannot open the JetStream KV bucket {settings.state_bucket!r} at "

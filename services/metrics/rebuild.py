@@ -19,15 +19,16 @@ from typing import Protocol
 import msgspec
 from nats.aio.client import Client as NatsClient
 from nats.errors import Error as NatsError
-from nats.js.errors import BucketNotFoundError, NoKeysError
+from nats.js.errors import BucketNotFoundError
 from nats.js.errors import Error as JetStreamError
 from nats.js.kv import KeyValue
 
+from services.common.kv_snapshot import SnapshotError, read_current
 from services.common.schemas import PodAllocation
 
 log = logging.getLogger("vgpu.metrics")
 
-KEYS = "node.>"  # one key per node; other keys in the bucket are not decisions
+KEY_PREFIX = "node."  # one key per node; other keys in the bucket are not decisions
 
 
 class NodeRecords(msgspec.Struct, kw_only=True):
@@ -76,7 +77,7 @@ class KvDecisionSource:
         except BucketNotFoundError:
             log.info("no decisions bucket yet; the picture fills from events",
                      extra={"bucket": self._bucket})  # fmt: skip
-        except (TimeoutError, JetStreamError, NatsError) as exc:
+        except (TimeoutError, JetStreamError, NatsError, SnapshotError) as exc:
             log.warning("cannot read the decisions bucket; the picture fills from events",
                         extra={"bucket": self._bucket, "error": repr(exc)})  # fmt: skip
         return Decisions(found=False)
@@ -84,15 +85,7 @@ class KvDecisionSource:
     async def _load(self) -> Decisions:
         kv: KeyValue = await self._client.jetstream().key_value(self._bucket)
         decisions = Decisions()
-        watcher = await kv.watch(KEYS, ignore_deletes=True)
-        try:
-            async for entry in watcher:
-                if entry is None:  # the initial values are all delivered
-                    break
-                if entry.value:
-                    decode_record(entry.key, entry.value, decisions)
-        except NoKeysError:
-            pass
-        finally:
-            await watcher.stop()
+        for key, value in (await read_current(kv, self._timeout_s)).items():
+            if key.startswith(KEY_PREFIX) and value:
+                decode_record(key, value, decisions)
         return decisions

@@ -481,9 +481,12 @@ class KubeSchedulerEmulation:
             if not extender.filter_verb or not names:
                 continue
             begin = timer()
-            answer = await caller._call(
-                extender.filter_verb, {"Pod": pod, "Nodes": None, "NodeNames": names}
-            )
+            try:
+                answer = await caller._call(
+                    extender.filter_verb, {"Pod": pod, "Nodes": None, "NodeNames": names}
+                )
+            except ExtenderCallError as exc:  # kube-scheduler: the cycle fails, the pod waits
+                return CycleResult(reason=f"extender filter: {exc}")
             extender_s += timer() - begin
             if not isinstance(answer, dict) or answer.get("Error"):
                 error = answer.get("Error") if isinstance(answer, dict) else "bad answer"
@@ -511,15 +514,26 @@ class KubeSchedulerEmulation:
             chosen = kube_scoring.select_host(list(zip(names, totals, strict=True)), self.rng)
         binder = next(((e, c) for e, c in interested if e.bind_verb), None)
         if binder is not None:
-            answer = await binder[1]._call(
-                binder[0].bind_verb,
-                {
-                    "PodName": name,
-                    "PodNamespace": namespace,
-                    "PodUID": metadata.get("uid") or "",
-                    "Node": chosen,
-                },
-            )
+            try:
+                answer = await binder[1]._call(
+                    binder[0].bind_verb,
+                    {
+                        "PodName": name,
+                        "PodNamespace": namespace,
+                        "PodUID": metadata.get("uid") or "",
+                        "Node": chosen,
+                    },
+                )
+            except ExtenderCallError as exc:
+                # No answer: the bind may still have happened. kube-scheduler learns that
+                # from its pod informer; the emulation asks the API server the same thing.
+                bound_to = await self._bound_node(namespace, name)
+                if bound_to is None:
+                    return CycleResult(
+                        reason=f"bind to {chosen}: {exc}", extender_ms=extender_s * 1000
+                    )
+                columns.add(columns.row[bound_to], demand)
+                return CycleResult(node=bound_to, extender_ms=extender_s * 1000)
             if not isinstance(answer, dict) or answer.get("Error"):
                 error = answer.get("Error") if isinstance(answer, dict) else "bad answer"
                 return CycleResult(
@@ -540,3 +554,17 @@ class KubeSchedulerEmulation:
                     )
         columns.add(columns.row[chosen], demand)
         return CycleResult(node=chosen, extender_ms=extender_s * 1000)
+
+    async def _bound_node(self, namespace: str, name: str) -> str | None:
+        """The node the API server has the pod bound to, if any (None as well when it cannot
+        be read: a cycle whose outcome is unknown counts as failed)."""
+        url = f"{self.api_url}/api/v1/namespaces/{namespace}/pods/{name}"
+        try:
+            async with self._http().get(url) as response:
+                if response.status != 200:
+                    return None
+                stored = msgspec.json.decode(await response.read())
+        except (TimeoutError, aiohttp.ClientError, msgspec.DecodeError):
+            return None
+        node = (stored.get("spec") or {}).get("nodeName") if isinstance(stored, dict) else None
+        return node if isinstance(node, str) and node in self.columns.row else None

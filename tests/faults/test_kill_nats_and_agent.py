@@ -9,6 +9,7 @@ as a GPU promised past its memory or a 41st pod placed.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -21,7 +22,9 @@ from bench.fault_rig import (
     allocations_of,
     audit,
     free_port,
+    http_status,
     kill9,
+    place,
     place_all,
     pod,
     schedule,
@@ -69,8 +72,15 @@ async def test_kill_9_of_nats_loses_no_booking_and_everything_reconnects(
     os.kill(nats_server.pid, signal.SIGKILL)
     killed_at = time.monotonic()
     assert await nats_server.wait_exit() == -signal.SIGKILL
-    # Without the store no decision is made: the bind is refused, not half-made.
-    assert await schedule(http, [url], pods[20], NODES) is None
+    # Without the store no decision is made: once the allocator knows its bus is down, a
+    # bind is refused at once (not after the store's write timeout), not half-made.
+    while await http_status(http, f"{url}/healthz") == 200:
+        assert time.monotonic() - killed_at < 30, "the allocator never noticed NATS die"
+        await asyncio.sleep(0.05)
+    refused_at = time.monotonic()
+    refused = await place(http, [url], pods[20], NODES)
+    assert refused.node is None and "the store is unreachable" in refused.error, refused.error
+    assert time.monotonic() - refused_at < 3  # three quick refusals, no write timeout
     assert pods[20]["metadata"]["name"] not in {
         name for (_, name), p in api.pods.items() if p["spec"].get("nodeName")
     }
@@ -80,9 +90,9 @@ async def test_kill_9_of_nats_loses_no_booking_and_everything_reconnects(
     restarted_at = time.monotonic()
     ready_s = await wait_until_ready(http, url)
     inventory_s = await wait_for_nodes(http, url, pods[20], NODES)
-    first = await schedule(http, [url], pods[20], NODES)
+    first = await place(http, [url], pods[20], NODES)
     first_bind_s = time.monotonic() - restarted_at
-    assert first is not None
+    assert first.node is not None, f"{first.error}\n{procs.log_tails()}"
 
     after = await place_all(http, url, pods[21:], NODES)
     result = await audit(api, bus)

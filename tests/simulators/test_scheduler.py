@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
-from aiohttp import web
+from aiohttp import ClientSession, web
 from opentelemetry.trace import format_span_id, format_trace_id
 
 from services.allocator import Allocator, AllocatorSettings, LocalClusterBackend
 from services.common.bus import Bus
 from services.common.embedded_nats import EmbeddedNats
-from services.simulators.scheduler import SchedulerSimulator
+from services.simulators.apiserver import FakeApiServer
+from services.simulators.scheduler import (
+    ExtenderConfig,
+    KubeSchedulerEmulation,
+    SchedulerConfig,
+    SchedulerSimulator,
+)
 from tests.allocator.helpers import container, give_nodes, node_inventory, pod
 
 
@@ -201,3 +208,72 @@ def test_is_interested_as_kube_scheduler_decides() -> None:
     assert interested(plain, frozenset())
     with pytest.raises(ValueError, match="api_url"):
         SchedulerSimulator("http://127.0.0.1:1/scheduler", managed_resources=managed)
+
+
+# -- the default-profile emulation against an extender that stops answering ----------------
+
+
+async def _emulation_against(
+    api: FakeApiServer, extender_url: str
+) -> tuple[KubeSchedulerEmulation, dict]:
+    for name in ("n1", "n2"):
+        api.add_node(name, allocatable={"cpu": "8", "memory": "16Gi", "pods": "110"})
+    extender = ExtenderConfig(
+        url=extender_url,
+        filter_verb="filter",
+        bind_verb="bind",
+        managed={"nvidia.com/gpu": True},
+        timeout_s=0.5,
+    )
+    emulation = KubeSchedulerEmulation(api.url, SchedulerConfig(extenders=(extender,)))
+    await emulation.load_nodes()
+    created = await api.create_pod(pod("p", [container("main")]))
+    return emulation, created
+
+
+@pytest.mark.parametrize("binds_anyway", [True, False])
+async def test_a_bind_without_answer_counts_as_what_the_api_server_says(
+    fake_extender, api: FakeApiServer, binds_anyway: bool
+) -> None:
+    """kube-scheduler learns a timed-out bind's outcome from its pod informer: bound, the pod
+    is placed and its node's cache charged; not bound, the cycle failed. Never a crash."""
+
+    async def answer(request: web.Request) -> web.Response:
+        body = await request.json()
+        if request.match_info["verb"] == "filter":
+            return web.json_response({"NodeNames": body["NodeNames"]})
+        if binds_anyway:
+            async with ClientSession() as http:
+                binding = {"target": {"kind": "Node", "name": body["Node"]}}
+                url = f"{api.url}/api/v1/namespaces/default/pods/p/binding"
+                async with http.post(url, json=binding) as response:
+                    assert response.status == 201
+        await asyncio.sleep(2)  # past the extender's httpTimeout
+        return web.json_response({})
+
+    emulation, created = await _emulation_against(api, await fake_extender(answer))
+    try:
+        cycle = await emulation.schedule(created)
+    finally:
+        await emulation.close()
+    bound = api.pods[("default", "p")]["spec"].get("nodeName")
+    if binds_anyway:
+        assert cycle.node == bound and bound in ("n1", "n2")
+        assert emulation.columns.pods.tolist() == [int(n == bound) for n in ("n1", "n2")]
+    else:
+        assert cycle.node is None and bound is None
+        assert emulation.columns.pods.tolist() == [0, 0]
+        assert "bind to n" in cycle.reason and "no answer" in cycle.reason, cycle.reason
+
+
+async def test_a_filter_without_answer_fails_the_cycle(fake_extender, api: FakeApiServer) -> None:
+    async def answer(_: web.Request) -> web.Response:
+        await asyncio.sleep(2)
+        return web.json_response({})
+
+    emulation, created = await _emulation_against(api, await fake_extender(answer))
+    try:
+        cycle = await emulation.schedule(created)
+    finally:
+        await emulation.close()
+    assert cycle.node is None and cycle.reason.startswith("extender filter: filter: no answer")
