@@ -154,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--raw", type=Path, default=Path("/tmp/vgpu-simulate-paths.jsonl"))
     parser.add_argument("--reuse", type=Path, help="a --raw file: its replays are not run again")
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--table-only", action="store_true", help="replay nothing: the table "
+                        "of what --reuse holds, the rest counted as not done")  # fmt: skip
     parser.add_argument("--trace", type=Path, default=TRACE, help="the openb trace folder")
     args = parser.parse_args(argv)
     files = list(FILES) if args.files == "all" else [
@@ -186,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         nodes = _subset(args.trace, args.nodes, Path(tmp))
-        todo = [key for key in wanted if key not in done]
+        todo = [] if args.table_only else [key for key in wanted if key not in done]
         # The slow through-scheduler replays first, so the workers are busy to the end.
         todo.sort(key=lambda key: key[1] != THROUGH)
         jobs = [
