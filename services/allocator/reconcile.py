@@ -18,6 +18,7 @@ Every release is logged with pod, node, GPUs and reason and counted in
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -31,6 +32,7 @@ from .engine import ALLOCATION_ANNOTATION, PlacementEngine, decode_annotation
 log = logging.getLogger("vgpu.allocator")
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
+RECONCILE_SLICE = 1000  # bookings checked between two turns of the event loop
 
 RELEASES = Counter(
     "vgpu_allocator_reconciled_releases_total",
@@ -121,7 +123,14 @@ class PodWatchHandler:
             return 0
         now = self._clock()
         released = 0
-        for allocation in self._engine.allocations():
+        ledger = self._engine.ledger
+        for count, allocation in enumerate(self._engine.allocations(), 1):
+            if count % RECONCILE_SLICE == 0:
+                # Tens of thousands of bookings take tens of milliseconds: let the extender's
+                # calls in between (the loop would otherwise hold a filter that long).
+                await asyncio.sleep(0)
+            if ledger.get(allocation.uid) is not allocation:
+                continue  # released or booked anew while this loop waited: not this booking
             node = self._nodes.get(allocation.uid)
             old = now - allocation.bound_at > self._grace_s
             if node is None and old:

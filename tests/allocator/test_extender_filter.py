@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import aiohttp
+import msgspec
 
 from services.allocator import Allocator
 from services.common.bus import Bus
@@ -212,3 +214,31 @@ async def test_healthz(allocator: Allocator, http: aiohttp.ClientSession) -> Non
         assert response.status == 200
         body = await response.json()
     assert body["status"] == "ok" and body["nats_connected"] is True
+
+
+async def test_every_verb_says_its_time_in_the_allocator(
+    allocator: Allocator, bus: Bus, http: aiohttp.ClientSession
+) -> None:
+    """Server-Timing (W3C, milliseconds): the allocator's own part of each call's round
+    trip, as bench/allocator_extender.py reports beside the client's figures; a refused
+    body says it too."""
+    await give_nodes(bus, allocator, node_inventory("n1"))
+    p = pod("timed", [container("main", mem=1000)])
+    admit_to_cluster(allocator, p)
+    calls = [
+        ("filter", filter_args(p, ["n1"])),
+        ("prioritize", filter_args(p, ["n1"])),
+        ("bind", bind_args(p, "n1")),
+        ("filter", b"{not json"),
+    ]
+    for verb, body in calls:
+        data = body if isinstance(body, bytes) else msgspec.json.encode(body)
+        started = time.perf_counter()
+        async with http.post(f"{allocator.url}/scheduler/{verb}", data=data) as response:
+            await response.read()
+            round_trip_ms = (time.perf_counter() - started) * 1000
+            timing = response.headers.get("Server-Timing", "")
+        assert response.status == (400 if isinstance(body, bytes) else 200)
+        name, _, duration = timing.partition(";dur=")
+        assert name == "allocator", timing
+        assert 0 < float(duration) <= round_trip_ms, (verb, timing, round_trip_ms)
