@@ -438,9 +438,9 @@ filter + prioritize of a shape met for the first time (one evaluation per node, 
 "filter + prioritize" is each pod's two calls added up (issue 14's target: p99 at most 5 ms
 at 5,000 nodes with the names kube-scheduler sends); "of which in the allocator" adds up the
 two calls' Server-Timing headers: the allocator's time from the request's headers read to its
-answer built (the rest is HTTP on both sides, the loopback and this Python client). The cluster seam accepts every binding
-at once: the API server's own round trips (Binding, annotation patch) are not in these
-figures.{compared}
+answer built (the rest is HTTP on both sides, the loopback and this Python client). The
+cluster seam accepts every binding at once: the API server's own round trips (Binding,
+annotation patch) are not in these figures.{compared}
 
 {HEADER}
 {table}"""
