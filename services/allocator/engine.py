@@ -45,7 +45,7 @@ log = logging.getLogger("vgpu.allocator")
 ALLOCATION_ANNOTATION = "vgpu.io/allocation"
 MAX_SCORE = 10
 POD_CACHE_SIZE = 4096  # pods seen in filter, kept for bind; bounded so floods cannot grow it
-PARSED_CACHE_SIZE = 64  # requests read from pods, by the pod's content (filter, prioritize)
+PARSED_CACHE_SIZE = 64  # requests read from pods, by what parse reads (filter, prioritize)
 BIND_ATTEMPTS = 3  # re-placements after losing a race with another replica
 
 EventKind = Literal["bound", "claimed", "released"]
@@ -105,6 +105,31 @@ def annotation_value(allocation: PodAllocation) -> str:
     ).decode()
 
 
+def request_key(pod: Mapping[str, Any]) -> bytes | None:
+    """Every part of a pod that parse_pod reads (pod_request.py, services/common/resources.py
+    and host_requests.py: the annotations; each container's name, resources and
+    restartPolicy; the pod's resources and overhead), encoded: pods equal in these parts have
+    the same request, whatever their names and uids. None when a part is not of the shape
+    the API server stores (the parse then says what is wrong) or not JSON."""
+    metadata, spec = pod.get("metadata"), pod.get("spec")
+    if not isinstance(metadata, Mapping) or not isinstance(spec, Mapping):
+        return None
+    parts: list[Any] = [metadata.get("annotations"), spec.get("resources"), spec.get("overhead")]
+    for field in ("containers", "initContainers"):
+        containers = spec.get(field) or []
+        if not isinstance(containers, list):
+            return None
+        for container in containers:
+            if not isinstance(container, Mapping):
+                return None
+            get = container.get
+            parts.append((field, get("name"), get("resources"), get("restartPolicy")))
+    try:
+        return msgspec.json.encode(parts)
+    except (TypeError, msgspec.EncodeError):
+        return None
+
+
 class PlacementEngine:
     def __init__(
         self,
@@ -141,13 +166,13 @@ class PlacementEngine:
             self._seen_pods.popitem(last=False)
 
     def parse(self, pod: dict[str, Any]) -> PodRequest:
-        """core.parse, remembered by the pod's whole content: kube-scheduler sends the same
-        pod to filter and then to prioritize (and again when it retries), and reading the
-        request costs far more than encoding the pod to look it up. RequestError as core.parse
-        (refusals are not kept: they are rare and cheap to read again)."""
-        try:
-            key = msgspec.json.encode(pod)
-        except (TypeError, msgspec.EncodeError):  # not JSON (a caller's own dict): just read
+        """core.parse, remembered by what it reads of the pod (request_key): kube-scheduler
+        sends the same pod to filter and then to prioritize (and again when it retries), the
+        pods of one Deployment or Job ask alike, and reading the request costs far more than
+        encoding those parts to look it up. RequestError as core.parse (refusals are not
+        kept: they are rare and cheap to read again)."""
+        key = request_key(pod)
+        if key is None:  # not the usual shapes, or not JSON: just read (and refuse)
             return self.core.parse(pod)
         request = self._parsed.get(key)
         if request is None:

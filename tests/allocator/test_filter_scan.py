@@ -16,6 +16,7 @@ must then step aside.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import msgspec
 import pytest
@@ -181,3 +182,43 @@ def test_a_request_is_read_once_per_pod_content() -> None:
     for _ in range(2):
         with pytest.raises(QuantityError, match="gpumem"):
             engine.parse(spec)
+
+
+def test_pods_that_ask_alike_share_one_reading_and_any_part_parse_reads_tells_them_apart() -> None:
+    """engine.parse is keyed by what parse_pod reads, not by the whole pod: another pod of
+    the same Deployment (other name, uid, labels, node selector) reuses the reading; a pod
+    that differs in anything the parse reads (an annotation, a container's name, resources
+    or restartPolicy, the pod's overhead or resources) is read afresh, and its reading is
+    what core.parse says."""
+    cluster = ClusterState(TIMEOUT_S, CapacityConfig())
+    engine = PlacementEngine(PlacementCore(cluster, Ledger(cluster)), LocalClusterBackend())
+    base = pod("web-1", [container("main", gpus=1, mem=1000)])
+    base["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "500m"}
+    base["spec"]["initContainers"] = [{"name": "proxy", "resources": {"requests": {"cpu": "1"}}}]
+    first = engine.parse(base)
+    twin = pod("web-2", [container("main", gpus=1, mem=1000)], uid="other")
+    twin["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "500m"}
+    twin["spec"]["initContainers"] = [{"name": "proxy", "resources": {"requests": {"cpu": "1"}}}]
+    twin["metadata"]["labels"] = {"app": "web"}
+    twin["spec"]["nodeSelector"] = {"pool": "a"}
+    assert engine.parse(twin) is first
+
+    def changed(change: Callable[[dict], None]) -> dict:
+        spec = msgspec.json.decode(msgspec.json.encode(base))
+        change(spec)
+        return spec
+
+    variants = [
+        changed(lambda p: p["metadata"].update(annotations={"nvidia.com/use-gputype": "A100"})),
+        changed(lambda p: p["spec"]["containers"][0].update(name="other")),
+        changed(lambda p: p["spec"]["containers"][0]["resources"]["requests"].update(cpu="2")),
+        changed(lambda p: p["spec"]["initContainers"][0].update(restartPolicy="Always")),
+        changed(lambda p: p["spec"].update(overhead={"cpu": "250m"})),
+        changed(lambda p: p["spec"].update(resources={"requests": {"memory": "1Gi"}})),
+    ]
+    readings = [engine.parse(variant) for variant in variants]
+    for variant, reading in zip(variants, readings, strict=True):
+        assert reading is not first and reading == engine.core.parse(variant)
+    assert len({id(r) for r in readings}) == len(readings)
+    # Each of them changes the request itself: a key that missed one would answer wrongly.
+    assert [reading != first for reading in readings] == [True] * len(readings), readings
