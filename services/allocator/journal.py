@@ -192,25 +192,19 @@ class Journal:
         self._kv = None
 
     async def _follow(self, watcher: KeyValue.KeyWatcher) -> None:
-        while True:
-            try:
-                entry = await watcher.updates(timeout=3600)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a timeout with nothing new, or a reconnect: go on
-                log.debug("kv watch", extra={"error": str(exc)})
-                await asyncio.sleep(0.05)
-                continue
+        # The watcher's queue is read directly, not through nats-py's `updates(timeout)`: that
+        # is asyncio.wait_for, which on Python 3.11 returns an entry arriving just as the
+        # cancellation lands instead of raising it, and close() then waited on this loop for
+        # an hour (a CI run hung in the allocator's stop).
+        async for entry in watcher:
             if entry is None:
                 continue  # the end of the initial values
-            if not isinstance(entry, KeyValue.Entry):
-                # nats-py's StopIterSentinel: this watcher was stopped. An old one: end
-                # quietly. The current one: watch anew, or other replicas' writes stop coming.
-                if watcher is self._watcher:
-                    log.warning("the store's watch ended; watching it again")
-                    asyncio.get_running_loop().call_soon(self._rewatch)
-                return
             await self._apply_entry(entry)
+        # The watcher was stopped. An old one: end quietly. The current one: watch anew, or
+        # other replicas' writes stop coming.
+        if watcher is self._watcher:
+            log.warning("the store's watch ended; watching it again")
+            asyncio.get_running_loop().call_soon(self._rewatch)
 
     async def _apply_entry(self, entry: KeyValue.Entry) -> None:
         if not entry.key.startswith(KEY_PREFIX):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 
-import nats.errors
 from nats.js.kv import KeyValue
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -33,28 +32,24 @@ async def watch_current(
     entries: list[KeyValue.Entry] = []
     if not state.messages:
         return entries, watcher  # empty before the watch: whatever comes later is news
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
     try:
-        while True:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise SnapshotError(
-                    f"read {len(entries)} of the bucket's values up to sequence "
-                    f"{max((e.revision or 0 for e in entries), default=0)} of {state.last_seq} "
-                    f"in {timeout_s:.0f}s"
-                )
-            try:
-                entry = await watcher.updates(timeout=remaining)
-            except nats.errors.TimeoutError:
-                continue  # the deadline check above names what is missing
-            if entry is None:
-                continue  # nats-py's end marker: sometimes early, so not the end here
-            if not isinstance(entry, KeyValue.Entry):
-                raise SnapshotError("the watch was stopped before the bucket's values were read")
-            entries.append(entry)
-            if (entry.revision or 0) >= state.last_seq or entry.delta == 0:
-                return entries, watcher
+        # asyncio.timeout, not nats-py's `updates(timeout)` (asyncio.wait_for): on Python 3.11
+        # that can swallow a cancellation of the reader.
+        async with asyncio.timeout(timeout_s):
+            async for entry in watcher:
+                if entry is None:
+                    continue  # nats-py's end marker: sometimes early, so not the end here
+                entries.append(entry)
+                if (entry.revision or 0) >= state.last_seq or entry.delta == 0:
+                    return entries, watcher
+        raise SnapshotError("the watch was stopped before the bucket's values were read")
+    except TimeoutError as exc:
+        await watcher.stop()
+        seen = max((e.revision or 0 for e in entries), default=0)
+        raise SnapshotError(
+            f"read {len(entries)} of the bucket's values up to sequence {seen} of "
+            f"{state.last_seq} in {timeout_s:.0f}s"
+        ) from exc
     except BaseException:
         await watcher.stop()
         raise

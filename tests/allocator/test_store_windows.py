@@ -296,3 +296,22 @@ async def test_a_refused_write_whose_read_back_fails_is_a_store_error(
         assert relay.answers_lost == 1
     finally:
         await two.journal.close()
+
+
+async def test_close_ends_the_watch_even_when_an_update_lands_with_the_cancellation(
+    bus: Bus,
+) -> None:
+    """Python 3.11's asyncio.wait_for returns a result that arrives just as its cancellation
+    lands instead of raising it; the journal's watch loop once read updates that way, went
+    on waiting, and close() hung (a CI run stuck in the allocator's stop). Here an update is
+    queued on the watch (as nats-py does when one arrives) in the same turn as the close."""
+    replica = await Replica().open(bus)
+    watcher = replica.journal._watcher
+    assert watcher is not None
+    await asyncio.sleep(0.1)  # the watch loop waits on its queue
+    watcher._updates.put_nowait(None)  # an update arrives ...
+    await asyncio.sleep(0)  # ... the loop's read of it completes ...
+    started = asyncio.get_running_loop().time()
+    await asyncio.wait_for(replica.journal.close(), 5)  # ... and close lands: it must end
+    # (A hung close is cut by the 5 s, whose cancellation close swallows: hence the clock.)
+    assert asyncio.get_running_loop().time() - started < 2
