@@ -474,7 +474,7 @@ class PlacementCore:
         if len(rows) == len(names):  # all passed
             outcome = FilterOutcome(passed=names)
         else:
-            outcome = FilterOutcome(passed=[names[i] for i in np.flatnonzero(taken).tolist()])
+            outcome = FilterOutcome(passed=list(itertools.compress(names, taken.tolist())))
             others = [names[i] for i in np.flatnonzero(~taken).tolist()]
             if not self._explain(pod, others, fresh_since, outcome):
                 return None
