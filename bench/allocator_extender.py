@@ -14,9 +14,9 @@ max(5, 50 - N/125)%) feasible nodes: 500 of 5,000).
     .venv/bin/python -m bench.allocator_extender [--sizes 500,1000,2000,5000] [--pods 300]
         [--before REF]
 
-With ``--before REF`` each size is measured twice in the same run, first with the allocator
-of git revision REF (its tree extracted to a temporary directory; the client is this one),
-then with this tree's: before and after on the same machine in the same hour.
+With ``--before REF`` the allocator of git revision REF (its tree extracted to a temporary
+directory; the client is this one) and this tree's run side by side: each pod goes to both,
+in turns, so a load that comes and goes weighs on before and after alike.
 
 With ``--tls`` the verbs go to the extender's own port over HTTPS with a client certificate,
 as deploy/k8s configures kube-scheduler (keep-alive connections, as kube-scheduler's Go client
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import logging
 import math
@@ -209,170 +210,226 @@ def extract_tree(ref: str, directory: Path) -> Path:
     return directory
 
 
-async def measure(
-    size: int, pods: int, warmup: int, tls_dir: str = "", tree: Path | None = None
-) -> dict[str, Any]:
-    """One allocator (this tree's, or the one extracted at `tree`) under the client."""
-    nats = EmbeddedNats().start()
-    env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
-    child = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bench.allocator_extender", "--serve", nats.url, str(size),
-        *([tls_dir] if tls_dir else []),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        cwd=tree, env=env,
-    )  # fmt: skip
-    context: ssl.SSLContext | bool = True
-    if tls_dir:
-        pki = Path(tls_dir)
-        context = client_context(
-            str(pki / "ca.crt"), str(pki / "client.crt"), str(pki / "client.key")
-        )
-    assert child.stdout is not None and child.stdin is not None
-    try:
+class Target:
+    """One allocator under the client (this tree's, or the one extracted at `tree`): its own
+    nats-server and process, filled half, and kube-scheduler's calls to it."""
+
+    def __init__(self, size: int, tls_dir: str = "", tree: Path | None = None) -> None:
+        self.size, self.tls_dir, self.tree = size, tls_dir, tree
+        self.names = [f"node-{i:05d}" for i in range(size)]
+        self.url = ""
+        self.inside: list[float] = []  # the allocator's time in filter + prioritize, per pod
+        self._stack = contextlib.AsyncExitStack()
+
+    async def start(self) -> None:
+        nats = EmbeddedNats().start()
+        self._stack.callback(nats.stop)
+        env = None if self.tree is None else {**os.environ, "PYTHONPATH": str(self.tree)}
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench.allocator_extender", "--serve", nats.url,
+            str(self.size), *([self.tls_dir] if self.tls_dir else []),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            cwd=self.tree, env=env,
+        )  # fmt: skip
+        self._stack.push_async_callback(self._stop_child, child)
+        context: ssl.SSLContext | bool = True
+        if self.tls_dir:
+            pki = Path(self.tls_dir)
+            context = client_context(
+                str(pki / "ca.crt"), str(pki / "client.crt"), str(pki / "client.key")
+            )
+        assert child.stdout is not None
         assert (await child.stdout.readline()).strip() == b"started"
         bus = await Bus.connect(nats.url, "bench")
-        names = [f"node-{i:05d}" for i in range(size)]
-        for name in names:
+        for name in self.names:
             await bus.publish(subjects.inventory(name), inventory(name))
         await bus.client.flush()
-        ready = (await child.stdout.readline()).decode().split()
-        url = ready[1]
-        rng = random.Random(size)
-        results: dict[str, Any] = {"nodes": size}
-        async with (
-            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1, ssl=context)) as http,
-            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=8, ssl=context)) as binder,
-        ):
-
-            async def call(session: aiohttp.ClientSession, verb: str, body: Any) -> Any:
-                return (await timed_call(session, verb, body))[0]
-
-            async def timed_call(
-                session: aiohttp.ClientSession, verb: str, body: Any
-            ) -> tuple[Any, float]:
-                """The answer, and the allocator's own time for it (its Server-Timing
-                header; NaN from code that does not send one)."""
-                async with session.post(
-                    f"{url}/scheduler/{verb}", data=msgspec.json.encode(body)
-                ) as r:
-                    answer = msgspec.json.decode(await r.read())
-                    return answer, server_seconds(r.headers.get("Server-Timing", ""))
-
-            inside: list[float] = []  # the allocator's time in filter + prioritize, per pod
-
-            async def cycle(pod: dict[str, Any], offered: list[str]) -> tuple[float, float, str]:
-                """kube-scheduler's scheduling cycle: filter, prioritize, pick."""
-                start = time.perf_counter()
-                filtered, filter_inside = await timed_call(
-                    http, "filter", {"Pod": pod, "Nodes": None, "NodeNames": offered}
-                )
-                middle = time.perf_counter()
-                if filtered["Error"] or not filtered["NodeNames"]:
-                    raise RuntimeError(f"filter passed no node: {filtered['Error']}")
-                passed = filtered["NodeNames"]
-                scores, prioritize_inside = await timed_call(
-                    http, "prioritize", {"Pod": pod, "Nodes": None, "NodeNames": passed}
-                )
-                end = time.perf_counter()
-                inside.append(filter_inside + prioritize_inside)
-                if not isinstance(scores, list):
-                    raise RuntimeError(f"prioritize failed: {scores}")
-                best = max(scores, key=lambda s: (s["Score"], s["Host"]))["Host"]
-                return middle - start, end - middle, best
-
-            async def bind(pod: dict[str, Any], node: str) -> tuple[float, str]:
-                start = time.perf_counter()
-                answer = await call(
-                    binder, "bind",
-                    {"PodName": pod["metadata"]["name"], "PodNamespace": "bench",
-                     "PodUID": pod["metadata"]["uid"], "Node": node},
-                )  # fmt: skip
-                return time.perf_counter() - start, answer["Error"]
-
-            # A shape met for the first time costs one evaluation per node: measured apart.
-            cold = []
-            for milli, _ in SHAPES:
-                pod = make_pod(rng, milli)
-                t_filter, t_prioritize, best = await cycle(pod, names)
-                cold.append((t_filter + t_prioritize) * 1000)
-                await bind(pod, best)
-            results["cold_ms"] = max(cold)
-            for label, count in (("all", size), ("sample", sampled(size))):
-                timings: dict[str, list[float]] = {"filter": [], "prioritize": [], "bind": []}
-                both: list[float] = []  # filter + prioritize of each pod
-                retried = 0
-                for _ in range(warmup):
-                    pod = make_pod(rng)
-                    _, _, best = await cycle(pod, names)
-                    await bind(pod, best)
-                # Sequential: one pod at a time, each bind awaited.
-                inside.clear()
-                for _ in range(pods):
-                    pod = make_pod(rng)
-                    offered = names if count == size else rng.sample(names, count)
-                    t_filter, t_prioritize, best = await cycle(pod, offered)
-                    t_bind, error = await bind(pod, best)
-                    if error:
-                        raise RuntimeError(f"bind failed: {error}")
-                    timings["filter"].append(t_filter)
-                    timings["prioritize"].append(t_prioritize)
-                    timings["bind"].append(t_bind)
-                    both.append(t_filter + t_prioritize)
-                sequential = pods / sum(sum(v) for v in timings.values())
-                # Pipelined, as kube-scheduler runs it: binding cycles in the background while
-                # the next pod is filtered; a refused bind sends the pod round again.
-                started = time.perf_counter()
-                queue = [make_pod(rng) for _ in range(pods)]
-                resent: list[dict[str, Any]] = []
-                binds: set[asyncio.Task[None]] = set()
-
-                async def bind_or_retry(
-                    pod: dict[str, Any], node: str, again: list[dict[str, Any]]
-                ) -> None:
-                    _, error = await bind(pod, node)
-                    if error:
-                        again.append(pod)
-
-                while queue or binds or resent:
-                    if resent:
-                        retried += len(resent)
-                        queue.extend(resent)
-                        resent.clear()
-                    if not queue:
-                        await asyncio.wait(binds, return_when=asyncio.FIRST_COMPLETED)
-                        continue
-                    pod = queue.pop(0)
-                    offered = names if count == size else rng.sample(names, count)
-                    _, _, best = await cycle(pod, offered)
-                    task = asyncio.create_task(bind_or_retry(pod, best, resent))
-                    binds.add(task)
-                    task.add_done_callback(binds.discard)
-                pipelined = pods / (time.perf_counter() - started)
-                results[label] = {
-                    "names": count,
-                    **{
-                        f"{verb}_{q}": percentile(values, p) * 1000
-                        for verb, values in timings.items()
-                        for q, p in (("p50", 0.5), ("p99", 0.99))
-                    },
-                    "both_p50": percentile(both, 0.5) * 1000,
-                    "both_p99": percentile(both, 0.99) * 1000,
-                    "inside_p50": percentile(inside[:pods], 0.5) * 1000,
-                    "inside_p99": percentile(inside[:pods], 0.99) * 1000,
-                    "sequential": sequential,
-                    "pipelined": pipelined,
-                    "retried": retried,
-                }
         await bus.close()
-        return results
-    finally:
+        self.url = (await child.stdout.readline()).decode().split()[1]
+        session = aiohttp.ClientSession
+        self.http = await self._stack.enter_async_context(
+            session(connector=aiohttp.TCPConnector(limit=1, ssl=context))
+        )
+        self.binder = await self._stack.enter_async_context(
+            session(connector=aiohttp.TCPConnector(limit=8, ssl=context))
+        )
+
+    @staticmethod
+    async def _stop_child(child: asyncio.subprocess.Process) -> None:
+        assert child.stdin is not None
         child.stdin.close()
         try:
             await asyncio.wait_for(child.wait(), 10)
         except TimeoutError:
             child.kill()
             await child.wait()
-        nats.stop()
+
+    async def close(self) -> None:
+        await self._stack.aclose()
+
+    async def timed_call(
+        self, session: aiohttp.ClientSession, verb: str, body: Any
+    ) -> tuple[Any, float]:
+        """The answer, and the allocator's own time for it (its Server-Timing header; NaN
+        from code that does not send one)."""
+        async with session.post(
+            f"{self.url}/scheduler/{verb}", data=msgspec.json.encode(body)
+        ) as r:
+            answer = msgspec.json.decode(await r.read())
+            return answer, server_seconds(r.headers.get("Server-Timing", ""))
+
+    async def cycle(self, pod: dict[str, Any], offered: list[str]) -> tuple[float, float, str]:
+        """kube-scheduler's scheduling cycle: filter, prioritize, pick."""
+        start = time.perf_counter()
+        filtered, filter_inside = await self.timed_call(
+            self.http, "filter", {"Pod": pod, "Nodes": None, "NodeNames": offered}
+        )
+        middle = time.perf_counter()
+        if filtered["Error"] or not filtered["NodeNames"]:
+            raise RuntimeError(f"filter passed no node: {filtered['Error']}")
+        passed = filtered["NodeNames"]
+        scores, prioritize_inside = await self.timed_call(
+            self.http, "prioritize", {"Pod": pod, "Nodes": None, "NodeNames": passed}
+        )
+        end = time.perf_counter()
+        self.inside.append(filter_inside + prioritize_inside)
+        if not isinstance(scores, list):
+            raise RuntimeError(f"prioritize failed: {scores}")
+        best = max(scores, key=lambda s: (s["Score"], s["Host"]))["Host"]
+        return middle - start, end - middle, best
+
+    async def bind(self, pod: dict[str, Any], node: str) -> tuple[float, str]:
+        start = time.perf_counter()
+        answer, _ = await self.timed_call(
+            self.binder, "bind",
+            {"PodName": pod["metadata"]["name"], "PodNamespace": "bench",
+             "PodUID": pod["metadata"]["uid"], "Node": node},
+        )  # fmt: skip
+        return time.perf_counter() - start, answer["Error"]
+
+
+async def measure(
+    size: int, pods: int, warmup: int, tls_dir: str = "", tree: Path | None = None
+) -> dict[str, Any]:
+    """One allocator (this tree's, or the one extracted at `tree`) under the client."""
+    return (await measure_side_by_side([Target(size, tls_dir, tree)], size, pods, warmup))[0]
+
+
+async def measure_side_by_side(
+    targets: list[Target], size: int, pods: int, warmup: int
+) -> list[dict[str, Any]]:
+    """Every target takes the same pods with the same node names, one pod at a time, in
+    turns (the order of the targets swapped every pod): whatever else loads the machine
+    meanwhile weighs on each alike. Their results, in the order of `targets`."""
+    try:
+        for target in targets:
+            await target.start()
+        return await _drive(targets, size, pods, warmup)
+    finally:
+        for target in targets:
+            await target.close()
+
+
+async def _drive(targets: list[Target], size: int, pods: int, warmup: int) -> list[dict[str, Any]]:
+    names = targets[0].names
+    rng = random.Random(size)
+    results: list[dict[str, Any]] = [{"nodes": size} for _ in targets]
+
+    def turns(number: int) -> list[int]:
+        order = list(range(len(targets)))
+        return order if number % 2 == 0 else order[::-1]
+
+    async def everywhere(pod: dict[str, Any], offered: list[str], number: int) -> None:
+        for i in turns(number):
+            _, _, best = await targets[i].cycle(pod, offered)
+            await targets[i].bind(pod, best)
+
+    # A shape met for the first time costs one evaluation per node: measured apart.
+    cold: list[list[float]] = [[] for _ in targets]
+    for number, (milli, _) in enumerate(SHAPES):
+        pod = make_pod(rng, milli)
+        for i in turns(number):
+            t_filter, t_prioritize, best = await targets[i].cycle(pod, names)
+            cold[i].append((t_filter + t_prioritize) * 1000)
+            await targets[i].bind(pod, best)
+    for i, result in enumerate(results):
+        result["cold_ms"] = max(cold[i])
+    for label, count in (("all", size), ("sample", sampled(size))):
+        timings = [{"filter": [], "prioritize": [], "bind": []} for _ in targets]
+        both: list[list[float]] = [[] for _ in targets]  # filter + prioritize of each pod
+        for number in range(warmup):
+            await everywhere(make_pod(rng), names, number)
+        # Sequential: one pod at a time, each bind awaited.
+        for target in targets:
+            target.inside.clear()
+        for number in range(pods):
+            pod = make_pod(rng)
+            offered = names if count == size else rng.sample(names, count)
+            for i in turns(number):
+                t_filter, t_prioritize, best = await targets[i].cycle(pod, offered)
+                t_bind, error = await targets[i].bind(pod, best)
+                if error:
+                    raise RuntimeError(f"bind failed: {error}")
+                timings[i]["filter"].append(t_filter)
+                timings[i]["prioritize"].append(t_prioritize)
+                timings[i]["bind"].append(t_bind)
+                both[i].append(t_filter + t_prioritize)
+        inside = [target.inside[:pods] for target in targets]
+        # Pipelined, as kube-scheduler runs it: binding cycles in the background while the
+        # next pod is filtered; a refused bind sends the pod round again. One target after
+        # the other (a rate over a stretch of time, not pod by pod).
+        queue = [make_pod(rng) for _ in range(pods)]
+        offers = [names if count == size else rng.sample(names, count) for _ in queue]
+        for i, target in enumerate(targets):
+            rate, retried = await _pipelined(target, list(zip(queue, offers, strict=True)))
+            results[i][label] = {
+                "names": count,
+                **{
+                    f"{verb}_{q}": percentile(values, p) * 1000
+                    for verb, values in timings[i].items()
+                    for q, p in (("p50", 0.5), ("p99", 0.99))
+                },
+                "both_p50": percentile(both[i], 0.5) * 1000,
+                "both_p99": percentile(both[i], 0.99) * 1000,
+                "inside_p50": percentile(inside[i], 0.5) * 1000,
+                "inside_p99": percentile(inside[i], 0.99) * 1000,
+                "sequential": pods / sum(sum(v) for v in timings[i].values()),
+                "pipelined": rate,
+                "retried": retried,
+            }
+    return results
+
+
+async def _pipelined(
+    target: Target, work: list[tuple[dict[str, Any], list[str]]]
+) -> tuple[float, int]:
+    """(pods/s, pods sent round again) with binds in the background, as kube-scheduler's
+    binding cycle runs them."""
+    started = time.perf_counter()
+    queue = list(work)
+    resent: list[tuple[dict[str, Any], list[str]]] = []
+    binds: set[asyncio.Task[None]] = set()
+    retried = 0
+
+    async def bind_or_retry(item: tuple[dict[str, Any], list[str]], node: str) -> None:
+        _, error = await target.bind(item[0], node)
+        if error:
+            resent.append(item)
+
+    while queue or binds or resent:
+        if resent:
+            retried += len(resent)
+            queue.extend(resent)
+            resent.clear()
+        if not queue:
+            await asyncio.wait(binds, return_when=asyncio.FIRST_COMPLETED)
+            continue
+        item = queue.pop(0)
+        _, _, best = await target.cycle(*item)
+        task = asyncio.create_task(bind_or_retry(item, best))
+        binds.add(task)
+        task.add_done_callback(binds.discard)
+    return len(work) / (time.perf_counter() - started), retried
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -404,16 +461,20 @@ def main(argv: list[str] | None = None) -> int:
         codes = [(args.before, before)] if before is not None else []
         codes.append(("this tree" if before is not None else "", None))
         for size in (int(s) for s in args.sizes.split(",")):
-            for code, tree in codes:
-                result = asyncio.run(measure(size, args.pods, args.warmup, tree=tree))
-                for label in ("all", "sample"):
+            targets = [Target(size, tree=tree) for _, tree in codes]
+            results = asyncio.run(measure_side_by_side(targets, size, args.pods, args.warmup))
+            for label in ("all", "sample"):
+                for (code, _), result in zip(codes, results, strict=True):
                     row = table_row(code, size, result, label)
                     rows.append(row)
                     print(row, flush=True)
     table = "\n".join(rows)
     compared = (
-        f' Each size is measured first with the allocator of `{args.before}` ("code"), then'
-        " with this tree's, one after the other in the same run, the same client."
+        f' Each size is measured with the allocator of `{args.before}` ("code") and this'
+        " tree's side by side: two allocators, each with its own nats-server, take the same"
+        " pods with the same node names in turns, pod by pod (which goes first alternates), so"
+        " whatever else loads the machine weighs on both alike; the pipelined rate is measured"
+        " on one, then the other."
         if args.before
         else ""
     )
