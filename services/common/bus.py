@@ -151,7 +151,8 @@ class Bus:
             allow_reconnect=True,
         )
         try:
-            await asyncio.wait_for(connecting, connect_timeout_s)
+            async with asyncio.timeout(connect_timeout_s):
+                await connecting
         except Exception as exc:  # timeout, or whatever nats-py raised on the last attempt
             with contextlib.suppress(Exception):
                 await client.close()

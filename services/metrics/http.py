@@ -237,7 +237,8 @@ class MetricsHttp:
             await response.write(frame("bus", _encoder.encode(self.bus_status())))
             while True:
                 try:
-                    item = await asyncio.wait_for(client.queue.get(), KEEPALIVE_S)
+                    async with asyncio.timeout(KEEPALIVE_S):
+                        item = await client.queue.get()
                 except TimeoutError:
                     await response.write(b": keepalive\n\n")
                     continue

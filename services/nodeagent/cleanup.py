@@ -9,7 +9,6 @@ directory while they run. When the kubelet cannot be asked, nothing is removed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import shutil
@@ -21,6 +20,7 @@ from typing import Protocol
 import grpc
 from prometheus_client import Counter
 
+from services.common.tasks import stop_task
 from services.nodeagent.grant import container_key
 
 log = logging.getLogger("vgpu.nodeagent")
@@ -112,6 +112,4 @@ class DirectoryJanitor:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task, "container janitor", fields={"node": self._node})

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
 from services.common.schemas import GpuDevice
+from services.common.tasks import stop_task
 from services.nodeagent.catalog import DeviceCatalog
 from services.nodeagent.gpus.backend import GpuBackend
 from services.nodeagent.health import HealthMarks
@@ -76,6 +76,4 @@ class DeviceWatcher:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task, "device watch", fields={"node": self._node})

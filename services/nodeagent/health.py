@@ -146,6 +146,7 @@ class HealthMonitor:
         if task is None:
             return
         try:
-            await asyncio.wait_for(asyncio.shield(task), self._wait_s + 5.0)
+            async with asyncio.timeout(self._wait_s + 5.0):
+                await asyncio.shield(task)
         except TimeoutError:
             task.cancel()

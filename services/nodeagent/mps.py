@@ -22,6 +22,7 @@ from prometheus_client import Counter, Gauge
 
 from services.common.processes import process_alive
 from services.common.schemas import GpuDevice
+from services.common.tasks import stop_task
 from services.nodeagent.grant import mps_dirs
 
 log = logging.getLogger("vgpu.nodeagent")
@@ -101,7 +102,8 @@ class MpsDaemons:
         except OSError as exc:
             raise MpsError(f"cannot run {self._argv[0]}: {exc.strerror}") from exc
         try:
-            _, err = await asyncio.wait_for(process.communicate(stdin.encode()), START_TIMEOUT_S)
+            async with asyncio.timeout(START_TIMEOUT_S):
+                _, err = await process.communicate(stdin.encode())
         except TimeoutError:
             process.kill()
             await process.wait()
@@ -166,9 +168,7 @@ class MpsDaemons:
     async def stop(self) -> None:
         task, self._watch = self._watch, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task, "MPS daemon watch", fields={"node": self._node})
         for daemon in self._daemons.values():
             if not daemon.pid or not process_alive(daemon.pid):
                 continue

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ import msgspec
 from services.common import subjects
 from services.common.bus import Bus
 from services.common.schemas import GpuDevice, GpuUsage, NodeInventory, NodeUsage
+from services.common.tasks import stop_task
 from services.nodeagent.catalog import DeviceCatalog
 from services.nodeagent.gpus.backend import GpuBackend, GpuProcess
 
@@ -137,7 +137,4 @@ class Publisher:
     async def stop(self) -> None:
         tasks, self._tasks = self._tasks, []
         for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task, "heartbeat loop", fields={"node": self._node})

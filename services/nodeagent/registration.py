@@ -11,7 +11,6 @@ registers again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from pathlib import Path
@@ -21,6 +20,7 @@ from prometheus_client import Counter
 
 from services.common.kubelet import deviceplugin_v1beta1_pb2 as pb
 from services.common.kubelet import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from services.common.tasks import stop_task
 
 log = logging.getLogger("vgpu.nodeagent")
 
@@ -173,7 +173,8 @@ class DevicePluginServer:
 
     async def wait_registered(self, timeout_s: float) -> None:
         try:
-            await asyncio.wait_for(self.registered.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self.registered.wait()
         except TimeoutError:
             raise TimeoutError(
                 f"device plugin not registered with the kubelet at {self.kubelet_socket} "
@@ -189,7 +190,9 @@ class DevicePluginServer:
     async def stop(self, grace_s: float = 1.0) -> None:
         task, self._supervisor = self._supervisor, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(
+                task,
+                "device plugin supervisor",
+                fields={"node": self._node, "resource": self._resource},
+            )
         await self._stop_server(grace_s)

@@ -33,6 +33,7 @@ from services.common import subjects
 from services.common.bus import Bus
 from services.common.rate_log import RateLimitedLog
 from services.common.schemas import ContainerDeviceUsage, ContainerUsage, GpuUsage
+from services.common.tasks import stop_task
 from services.nodeagent.container_files import state_dir
 from services.nodeagent.containers import ResolvedContainer
 from services.nodeagent.process_map import ContainerFigures, DeviceFigures, ProcessAttributor
@@ -181,10 +182,7 @@ class RelayHub:
     async def stop(self) -> None:
         tasks, self._tasks = self._tasks, []
         for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task, task.get_name(), fields={"node": self._node})
         for key in list(self._listeners):
             await self.close(key)
 
@@ -240,8 +238,11 @@ class RelayHub:
         handlers = list(self._handlers)
         if handlers:
             await asyncio.wait(handlers, timeout=1.0)
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that
+        # lands as wait_closed() returns, and the janitor cancelled here ran on forever.
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(listener.server.wait_closed(), 1.0)
+            async with asyncio.timeout(1.0):
+                await listener.server.wait_closed()
         listener.path.unlink(missing_ok=True)
         if self._attributor is not None:
             self._attributor.forget(key)

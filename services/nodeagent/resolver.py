@@ -29,6 +29,7 @@ from prometheus_client import Counter, Histogram
 from services.common import subjects
 from services.common.bus import Bus, BusError
 from services.common.schemas import ClaimReply, ClaimRequest
+from services.common.tasks import stop_task
 from services.common.tracing import context_from_traceparent, tracer
 from services.nodeagent import limits_file
 from services.nodeagent.container_files import config_dir
@@ -153,9 +154,11 @@ class AllocationResolver:
 
     async def stop(self) -> None:
         tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        fields = {"node": self._node}
+        await asyncio.gather(
+            *(stop_task(task, "allocation resolve", fields=fields) for task in tasks),
+            return_exceptions=True,
+        )
 
     async def _resolve(self, call: AllocateCall) -> None:
         grant = call.grant

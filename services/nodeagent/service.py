@@ -17,6 +17,7 @@ from services.common import subjects
 from services.common.bus import Bus
 from services.common.logs import add_context_fields, log_fields
 from services.common.schemas import AllocationEvent, GpuDevice, GpuUsage
+from services.common.tasks import stop_task
 from services.common.tracing import setup_tracing
 from services.common.vitals import Vitals
 from services.nodeagent import limits_file
@@ -444,9 +445,9 @@ class NodeAgent:
         )
 
         async def stop_recovery() -> None:
-            recovery.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await recovery
+            await stop_task(
+                recovery, "recovery of unrecorded containers", fields={"node": s.node_name}
+            )
 
         stack.push_async_callback(stop_recovery)
         janitor = DirectoryJanitor(

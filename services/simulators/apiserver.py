@@ -487,7 +487,8 @@ class FakeApiServer:
                     break
                 async with self._changed:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._changed.wait(), timeout=min(left, 1.0))
+                        async with asyncio.timeout(min(left, 1.0)):
+                            await self._changed.wait()
         except (ConnectionResetError, asyncio.CancelledError):
             return response
         return response

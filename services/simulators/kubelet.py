@@ -166,7 +166,8 @@ class KubeletSimulator:
             # A server that already terminated (it crashed) never finishes a second stop.
             if _server_name(socket_path) not in ended:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(server.stop(0.5), timeout=2.0)
+                    async with asyncio.timeout(2.0):
+                        await server.stop(0.5)
             socket_path.unlink(missing_ok=True)
         await self._registry.close()
 

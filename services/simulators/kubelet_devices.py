@@ -8,7 +8,6 @@ latest device list per resource.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import grpc
 
 from services.common.kubelet import deviceplugin_v1beta1_pb2 as pb
 from services.common.kubelet import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from services.common.tasks import stop_task
 
 log = logging.getLogger("vgpu.kubeletsim")
 
@@ -47,7 +47,8 @@ class PluginEndpoint:
 
     async def connect(self, timeout_s: float, on_update: asyncio.Condition) -> None:
         """Dial, fetch options, start watching; grpc errors propagate."""
-        await asyncio.wait_for(self._channel.channel_ready(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await self._channel.channel_ready()
         self.options = await self._stub.GetDevicePluginOptions(pb.Empty(), timeout=timeout_s)
         self.connected = True
         self._watch = asyncio.create_task(self._list_and_watch(on_update))
@@ -107,9 +108,7 @@ class PluginEndpoint:
     async def close(self) -> None:
         task, self._watch = self._watch, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task, "ListAndWatch client", fields={"resource": self.resource})
         self.connected = False
         await self._channel.close()
 

@@ -337,3 +337,35 @@ async def test_memory_scaling_1_writes_no_virtual_memory(
         directory = await admitted_dir(kubelet, dirs, gpu_pod("plain", {"main": 1}))
         text = (directory / "config" / "limits").read_text()
         assert "virtual_memory" not in text and "spill_limit_mib" not in text
+
+
+async def test_a_cancelled_close_is_cancelled_wherever_the_cancellation_lands(
+    nats_server: EmbeddedNats, inbox: Inbox, dirs: NodeDirs
+) -> None:
+    """The janitor closes a container's relay; agent.stop() cancels the janitor. On Python
+    3.11 `asyncio.wait_for` returned the result of an awaitable that had just finished
+    instead of raising the cancellation, so the janitor ran on and stop() waited forever
+    (the hang of test_dynamic_mig_creates_and_destroys_through_nvml). Cancelled after 0, 1,
+    2... loop steps, the close must end cancelled every time."""
+    async with running_node(nats_server.url, dirs, **FAST) as (kubelet, agent):
+        directory = await admitted_dir(kubelet, dirs, gpu_pod("closing", {"main": 1}))
+        container = agent.relay.container(directory.name)
+        assert container is not None
+        lost, points = [], 0
+        for steps in range(20):
+            closing = asyncio.create_task(agent.relay.close(container.key))
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            ended = closing.done()  # then every later point comes after the close ended
+            if not ended:
+                points += 1
+                closing.cancel()
+                await asyncio.wait({closing})
+                if not closing.cancelled():
+                    lost.append(steps)
+            await agent.relay.open(container)
+            if ended:
+                break
+        assert lost == [], f"cancellations lost after {lost} loop steps"
+        assert points >= 1
+        assert (directory / "state" / "relay.sock").is_socket()  # open again after all
