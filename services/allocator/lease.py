@@ -19,6 +19,8 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KeyValue
 
+from services.common.tasks import stop_task
+
 log = logging.getLogger("vgpu.allocator")
 
 LEADER_KEY = "leader"
@@ -82,9 +84,9 @@ class Lease:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            # nats-py's request is an asyncio.wait_for: on Python 3.11 it can swallow the
+            # cancellation (the reply came at that moment) and the loop renews on.
+            await stop_task(task, "allocator lease renewal", fields={"holder": self.holder})
         if self.leading and self._kv is not None:
             with contextlib.suppress(Exception):  # hand over at once instead of after the TTL
                 await self._kv.delete(LEADER_KEY, last=self._revision)

@@ -27,6 +27,7 @@ from services.common.http_server import serve
 from services.common.kube_auth import Gate, close_gate, gate_from
 from services.common.mutual_tls import identity_middleware, serve_mutual_tls
 from services.common.schemas import NodeInventory, PendingPod, PendingReason
+from services.common.tasks import stop_task
 from services.common.vitals import Vitals
 
 from .backend import ClusterBackend, LocalClusterBackend
@@ -369,8 +370,8 @@ class Allocator:
         for task in tasks:
             task.cancel()
         for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            with contextlib.suppress(Exception):
+                await stop_task(task, task.get_name(), fields={"replica": self.replica})
         lease, self.lease = self.lease, None
         if lease is not None:
             await lease.stop()
