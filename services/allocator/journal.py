@@ -328,7 +328,8 @@ class Journal:
         assert self._kv is not None
         for attempt in range(READ_BACK_ATTEMPTS):
             try:
-                entry = await asyncio.wait_for(self._kv.get(node_key(node)), READ_BACK_TIMEOUT_S)
+                async with asyncio.timeout(READ_BACK_TIMEOUT_S):
+                    entry = await self._kv.get(node_key(node))
             except KeyNotFoundError:
                 return None
             except Exception as exc:  # the bus is still away: try again, a few times

@@ -86,10 +86,9 @@ async def test_a_plain_task_stops_at_once_and_its_error_is_raised() -> None:
 def test_services_use_asyncio_timeout_not_wait_for() -> None:
     """On Python 3.11 wait_for loses a cancellation that lands as its awaitable finishes
     (the node agent's janitor then ran on and agent.stop() hung); asyncio.timeout does not."""
-    not_yet = {"allocator/journal.py"}  # its store read-back; being reworked elsewhere
     users = {
         str(path.relative_to(SERVICES))
         for path in SERVICES.rglob("*.py")
         if re.search(r"\basyncio\.wait_for\(", path.read_text())
     }
-    assert sorted(users - not_yet) == []
+    assert sorted(users) == []
