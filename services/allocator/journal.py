@@ -36,6 +36,7 @@ from prometheus_client import Counter
 from services.common.kv_snapshot import watch_current
 from services.common.schemas import PodAllocation
 from services.common.subjects import node_token
+from services.common.tasks import stop_task
 
 from .ledger import Ledger
 from .placement import overbooked, pod_charges
@@ -97,7 +98,13 @@ class _NodeJournal:
 class Journal:
     """Keeps the ledger and the KV bucket in step. With no bucket it only tracks changes."""
 
-    def __init__(self, ledger: Ledger, on_remote: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        on_remote: Callable[[str], None] | None = None,
+        connected: Callable[[], bool] = lambda: True,
+    ) -> None:
+        """`connected` says whether the bus to the store is up right now."""
         self._ledger = ledger
         self._kv: KeyValue | None = None
         self._nodes: dict[str, _NodeJournal] = {}
@@ -107,7 +114,7 @@ class Journal:
         self._watch_lock = asyncio.Lock()  # one (re)watch at a time: never two followers
         self._retry_task: asyncio.Task[None] | None = None  # rewrites nodes left unwritten
         self._on_remote = on_remote or (lambda node: None)
-        self._connected: Callable[[], bool] = lambda: True
+        self._connected = connected
         self.loaded = asyncio.Event()
 
     @property
@@ -122,16 +129,8 @@ class Journal:
 
     # -- start / stop ---------------------------------------------------------------------
 
-    async def open(
-        self,
-        js: JetStreamContext,
-        bucket: str,
-        replicas: int = 1,
-        connected: Callable[[], bool] = lambda: True,
-    ) -> None:
-        """Open (or create) the bucket, load every node's records, then follow changes.
-        `connected` says whether the bus to the store is up right now."""
-        self._connected = connected
+    async def open(self, js: JetStreamContext, bucket: str, replicas: int = 1) -> None:
+        """Open (or create) the bucket, load every node's records, then follow changes."""
         try:
             self._kv = await js.key_value(bucket)
         except BucketNotFoundError:
@@ -165,9 +164,8 @@ class Journal:
     async def _stop_watch(self) -> None:
         task, self._watch_task = self._watch_task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            with contextlib.suppress(Exception):
+                await stop_task(task, "store watch")
         watcher, self._watcher = self._watcher, None
         if watcher is not None:
             with contextlib.suppress(Exception):

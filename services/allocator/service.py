@@ -112,7 +112,10 @@ class Allocator:
             request_config=settings.request_config(),
             mix=WorkloadMix(window=settings.mix_window),
         )
-        self.journal = Journal(self.ledger)
+        self.journal = Journal(
+            self.ledger,
+            connected=lambda: self._bus is not None and self._bus.client.is_connected,
+        )
         self.passes = FilterPasses(keep_s=settings.bind_window_s)
         self.guard = BindGuard(settings.scheduler_name, settings.bind_window_s, self.passes)
         self.engine = PlacementEngine(
@@ -191,12 +194,7 @@ class Allocator:
         js = self._bus.client.jetstream(timeout=5)
         if settings.state_bucket:
             try:
-                await self.journal.open(
-                    js,
-                    settings.state_bucket,
-                    settings.state_replicas,
-                    connected=lambda: self._bus is not None and self._bus.client.is_connected,
-                )
+                await self.journal.open(js, settings.state_bucket, settings.state_replicas)
             except Exception as exc:
                 raise RuntimeError(
                     f"cannot open the JetStream KV bucket {settings.state_bucket!r} at "

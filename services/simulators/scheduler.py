@@ -532,8 +532,7 @@ class KubeSchedulerEmulation:
                     return CycleResult(
                         reason=f"bind to {chosen}: {exc}", extender_ms=extender_s * 1000
                     )
-                columns.add(columns.row[bound_to], demand)
-                return CycleResult(node=bound_to, extender_ms=extender_s * 1000)
+                chosen, answer = bound_to, {}  # bound after all: placed where it is
             if not isinstance(answer, dict) or answer.get("Error"):
                 error = answer.get("Error") if isinstance(answer, dict) else "bad answer"
                 return CycleResult(

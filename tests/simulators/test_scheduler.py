@@ -14,6 +14,7 @@ from services.common.bus import Bus
 from services.common.embedded_nats import EmbeddedNats
 from services.simulators.apiserver import FakeApiServer
 from services.simulators.scheduler import (
+    CycleResult,
     ExtenderConfig,
     KubeSchedulerEmulation,
     SchedulerConfig,
@@ -213,9 +214,11 @@ def test_is_interested_as_kube_scheduler_decides() -> None:
 # -- the default-profile emulation against an extender that stops answering ----------------
 
 
-async def _emulation_against(
+async def _one_cycle(
     api: FakeApiServer, extender_url: str
-) -> tuple[KubeSchedulerEmulation, dict]:
+) -> tuple[KubeSchedulerEmulation, CycleResult]:
+    """One scheduling cycle of pod `p` over nodes n1 and n2 against the extender at
+    `extender_url` (httpTimeout 0.5 s): the emulation (closed) and the cycle's result."""
     for name in ("n1", "n2"):
         api.add_node(name, allocatable={"cpu": "8", "memory": "16Gi", "pods": "110"})
     extender = ExtenderConfig(
@@ -226,9 +229,13 @@ async def _emulation_against(
         timeout_s=0.5,
     )
     emulation = KubeSchedulerEmulation(api.url, SchedulerConfig(extenders=(extender,)))
-    await emulation.load_nodes()
-    created = await api.create_pod(pod("p", [container("main")]))
-    return emulation, created
+    try:
+        await emulation.load_nodes()
+        created = await api.create_pod(pod("p", [container("main")]))
+        cycle = await emulation.schedule(created)
+    finally:
+        await emulation.close()
+    return emulation, cycle
 
 
 @pytest.mark.parametrize("binds_anyway", [True, False])
@@ -251,11 +258,7 @@ async def test_a_bind_without_answer_counts_as_what_the_api_server_says(
         await asyncio.sleep(2)  # past the extender's httpTimeout
         return web.json_response({})
 
-    emulation, created = await _emulation_against(api, await fake_extender(answer))
-    try:
-        cycle = await emulation.schedule(created)
-    finally:
-        await emulation.close()
+    emulation, cycle = await _one_cycle(api, await fake_extender(answer))
     bound = api.pods[("default", "p")]["spec"].get("nodeName")
     if binds_anyway:
         assert cycle.node == bound and bound in ("n1", "n2")
@@ -271,9 +274,5 @@ async def test_a_filter_without_answer_fails_the_cycle(fake_extender, api: FakeA
         await asyncio.sleep(2)
         return web.json_response({})
 
-    emulation, created = await _emulation_against(api, await fake_extender(answer))
-    try:
-        cycle = await emulation.schedule(created)
-    finally:
-        await emulation.close()
+    _, cycle = await _one_cycle(api, await fake_extender(answer))
     assert cycle.node is None and cycle.reason.startswith("extender filter: filter: no answer")
