@@ -9,30 +9,16 @@ the figures it measures). The hook is built there with gcc by libvgpu-hook/build
 from __future__ import annotations
 
 import importlib.util
-import os
-import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.gpu import hook_runs
+from tests.gpu.hook_runs import gpu_uuid, start_workload, workload
 from tests.hook.harness import HOOK, build_hook
 
-WORKLOADS = Path(__file__).with_name("hook_workloads.py")
 LIMIT_MIB = 4096
-
-
-def gpu_uuid() -> str | None:
-    if not shutil.which("nvidia-smi"):
-        return None
-    out = subprocess.run(
-        ["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"], capture_output=True, text=True
-    )
-    return out.stdout.split()[0] if out.returncode == 0 and out.stdout.strip() else None
-
-
 UUID = gpu_uuid()
 pytestmark = pytest.mark.skipif(UUID is None, reason="no NVIDIA GPU here")
 
@@ -45,33 +31,8 @@ def hook() -> Path:
 
 
 def container(root: Path, name: str, *, mib: int = LIMIT_MIB, cores: int = 100) -> Path:
-    d = root / name
-    d.mkdir()
-    (d / "limits").write_text(
-        f"version=1\ndevice_count=1\ndevice.0.uuid={UUID}\n"
-        f"device.0.memory_limit_mib={mib}\ndevice.0.cores={cores}\n"
-    )
-    return d
-
-
-def env(container_dir: Path | None) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items() if not k.startswith("VGPU_")}
-    e["CUDA_VISIBLE_DEVICES"] = "0"
-    if container_dir is not None:
-        e |= {"LD_PRELOAD": str(HOOK), "VGPU_CONTAINER_DIR": str(container_dir)}
-    return e
-
-
-def workload(container_dir: Path | None, *args: object) -> dict[str, str]:
-    proc = subprocess.run(
-        [sys.executable, str(WORKLOADS), *map(str, args)],
-        env=env(container_dir),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return dict(re.findall(r"(\w+)=(\S+)", proc.stdout.strip().splitlines()[-1]))
+    assert UUID is not None
+    return hook_runs.container(root, name, UUID, mib=mib, cores=cores)
 
 
 @pytest.mark.parametrize("framework", ["torch", "cupy"])
@@ -90,7 +51,7 @@ def test_allocations_beyond_the_limit_fail_with_out_of_memory(
 def test_nvidia_smi_shows_the_limit(hook: Path, tmp_path: Path) -> None:
     proc = subprocess.run(
         ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-        env=env(container(tmp_path, "c")),
+        env=hook_runs.env(container(tmp_path, "c")),
         capture_output=True,
         text=True,
         timeout=60,
@@ -102,15 +63,7 @@ def test_nvidia_smi_shows_the_limit(hook: Path, tmp_path: Path) -> None:
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 def test_30_and_70_percent_get_throughput_near_30_70(hook: Path, tmp_path: Path) -> None:
     dirs = [container(tmp_path, "a", cores=30), container(tmp_path, "b", cores=70)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKLOADS), "torch-matmul", "20"],
-            env=env(d),
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for d in dirs
-    ]
+    procs = [start_workload(d, "torch-matmul", 20) for d in dirs]
     rates = [float(p.communicate(timeout=300)[0].split("per_second=")[1]) for p in procs]
     share = rates[0] / sum(rates)
     print(f"\n30/70 on {UUID}: {rates[0]:.1f} and {rates[1]:.1f} matmuls/s, share {share:.3f}")
@@ -127,3 +80,14 @@ def test_a_training_step_loses_under_one_percent(hook: Path, tmp_path: Path) -> 
     loss = 1 - max(hooked) / max(plain)
     print(f"\ntraining steps/s: plain {max(plain):.1f}, hooked {max(hooked):.1f}, loss {loss:.2%}")
     assert loss < 0.01
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_30_percent_alone_shows_30_percent_in_nvidia_smi(hook: Path, tmp_path: Path) -> None:
+    """HAMi's measure of gpucores: nvidia-smi's utilisation, here with nobody else on the GPU
+    (the share is held: no node agent says the GPU is free)."""
+    with hook_runs.smi_samples() as samples:
+        workload(container(tmp_path, "a", cores=30), "torch-matmul", 8)
+    util, clock, power = hook_runs.busy_median(samples)
+    print(f"\n30% alone: nvidia-smi {util:.0f}% busy, SM {clock:.0f} MHz, {power:.0f} W")
+    assert abs(util - 30) <= 5
