@@ -46,6 +46,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from bench.http_client import KeepAliveClient
 from bench.report import write_section
 from services.allocator import Allocator, AllocatorSettings, LocalClusterBackend
 from services.allocator.core import PodRef
@@ -249,9 +250,11 @@ class Target:
         await bus.close()
         self.url = (await child.stdout.readline()).decode().split()[1]
         session = aiohttp.ClientSession
-        self.http = await self._stack.enter_async_context(
-            session(connector=aiohttp.TCPConnector(limit=1, ssl=context))
+        # kube-scheduler's scheduling cycle: one call at a time on one kept-alive connection.
+        self.http = KeepAliveClient(
+            self.url, context if isinstance(context, ssl.SSLContext) else None
         )
+        self._stack.push_async_callback(self.http.close)
         self.binder = await self._stack.enter_async_context(
             session(connector=aiohttp.TCPConnector(limit=8, ssl=context))
         )
@@ -270,13 +273,15 @@ class Target:
         await self._stack.aclose()
 
     async def timed_call(
-        self, session: aiohttp.ClientSession, verb: str, body: Any
+        self, session: aiohttp.ClientSession | KeepAliveClient, verb: str, body: Any
     ) -> tuple[Any, float]:
         """The answer, and the allocator's own time for it (its Server-Timing header; NaN
         from code that does not send one)."""
-        async with session.post(
-            f"{self.url}/scheduler/{verb}", data=msgspec.json.encode(body)
-        ) as r:
+        path, data = f"/scheduler/{verb}", msgspec.json.encode(body)
+        if isinstance(session, KeepAliveClient):
+            _, headers, answer = await session.post(path, data)
+            return msgspec.json.decode(answer), server_seconds(headers.get("server-timing", ""))
+        async with session.post(f"{self.url}{path}", data=data) as r:
             answer = msgspec.json.decode(await r.read())
             return answer, server_seconds(r.headers.get("Server-Timing", ""))
 
