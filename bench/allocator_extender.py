@@ -502,18 +502,20 @@ KV), then {args.pods} pods (after
 {args.warmup} warm-up) scheduled through filter -> prioritize -> bind over real HTTP with
 `nodeCacheCapable` (NodeNames), default policy. Shapes follow the openb mix.
 "names" is how many node names each filter carries: all N (worst case) or the sample
-kube-scheduler sends at that size (numFeasibleNodesToFind). Times in ms (p50 / p99), measured
-at the client; bind includes the KV compare-and-set write; pods/s = 1 / mean(filter +
-prioritize + bind) one pod at a time ("sequential"), and pods / wall time when binds run in the
-background while the next pod is filtered, as kube-scheduler's binding cycle does
-("pipelined"; a bind refused because an earlier in-flight bind took the room sends the pod
-round again). Every request shape is met once before measuring; "new shape" is the worst
+kube-scheduler sends at that size (numFeasibleNodesToFind). Times in ms (p50 / p99), measured at
+the client, which sends filter and prioritize over one kept-alive HTTP/1.1 connection as
+kube-scheduler's Go client does (bench/http_client.py; aiohttp's client, used before, added
+about 0.4 ms of its own Python to each call); bind includes the KV compare-and-set write; pods/s
+= 1 / mean(filter + prioritize + bind) one pod at a time ("sequential"), and pods / wall time
+when binds run in the background while the next pod is filtered, as kube-scheduler's binding
+cycle does ("pipelined"; a bind refused because an earlier in-flight bind took the room sends
+the pod round again). Every request shape is met once before measuring; "new shape" is the worst
 filter + prioritize of a shape met for the first time (one evaluation per node, then cached).
-"filter + prioritize" is each pod's two calls added up (issue 14's target: p99 at most 5 ms
-at 5,000 nodes with the names kube-scheduler sends); "of which in the allocator" adds up the
-two calls' Server-Timing headers: the allocator's time from the request's headers read to its
-answer built (the rest is HTTP on both sides, the loopback and this Python client). The
-cluster seam accepts every binding at once: the API server's own round trips (Binding,
+"filter + prioritize" is each pod's two calls added up (issue 14's target: p99 at most 5 ms at
+5,000 nodes with the names kube-scheduler sends); "of which in the allocator" adds up the two
+calls' Server-Timing headers: the allocator's time from the request's headers read to its answer
+built (the rest is HTTP on both sides, the loopback and this Python client). The cluster seam
+accepts every binding at once: the API server's own round trips (Binding,
 annotation patch) are not in these figures.{compared}
 
 {HEADER}

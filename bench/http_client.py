@@ -39,11 +39,15 @@ class KeepAliveClient:
             )
             self._writer.write(head.encode() + body)
             try:
-                return await self._answer(self._reader)
+                answer = await self._answer(self._reader)
             except (asyncio.IncompleteReadError, ConnectionError):
-                await self.close()
+                await self.close()  # closed while idle: the next attempt opens another
                 if attempt:
                     raise
+                continue
+            if answer[1].get("connection", "").lower() == "close":
+                await self.close()
+            return answer
         raise AssertionError("unreachable")
 
     @staticmethod

@@ -32,7 +32,7 @@ from .engine import ALLOCATION_ANNOTATION, PlacementEngine, decode_annotation
 log = logging.getLogger("vgpu.allocator")
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
-RECONCILE_SLICE = 1000  # bookings checked between two turns of the event loop
+RECONCILE_SLICE = 250  # bookings checked between two turns of the event loop (about 0.3 ms)
 
 RELEASES = Counter(
     "vgpu_allocator_reconciled_releases_total",
