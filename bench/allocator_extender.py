@@ -217,8 +217,10 @@ class Target:
     """One allocator under the client (this tree's, or the one extracted at `tree`): its own
     nats-server and process, filled half, and kube-scheduler's calls to it."""
 
-    def __init__(self, size: int, tls_dir: str = "", tree: Path | None = None) -> None:
-        self.size, self.tls_dir, self.tree = size, tls_dir, tree
+    def __init__(
+        self, size: int, tls_dir: str = "", tree: Path | None = None, client: str = "keep-alive"
+    ) -> None:
+        self.size, self.tls_dir, self.tree, self.client = size, tls_dir, tree, client
         self.names = [f"node-{i:05d}" for i in range(size)]
         self.url = ""
         self.inside: list[float] = []  # the allocator's time in filter + prioritize, per pod
@@ -251,10 +253,16 @@ class Target:
         self.url = (await child.stdout.readline()).decode().split()[1]
         session = aiohttp.ClientSession
         # kube-scheduler's scheduling cycle: one call at a time on one kept-alive connection.
-        self.http = KeepAliveClient(
-            self.url, context if isinstance(context, ssl.SSLContext) else None
-        )
-        self._stack.push_async_callback(self.http.close)
+        self.http: KeepAliveClient | aiohttp.ClientSession
+        if self.client == "aiohttp":
+            self.http = await self._stack.enter_async_context(
+                session(connector=aiohttp.TCPConnector(limit=1, ssl=context))
+            )
+        else:
+            self.http = KeepAliveClient(
+                self.url, context if isinstance(context, ssl.SSLContext) else None
+            )
+            self._stack.push_async_callback(self.http.close)
         self.binder = await self._stack.enter_async_context(
             session(connector=aiohttp.TCPConnector(limit=8, ssl=context))
         )
@@ -453,6 +461,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--tls", action="store_true", help="mutual TLS against plain HTTP")
     parser.add_argument(
+        "--client",
+        choices=["keep-alive", "aiohttp"],
+        default="keep-alive",
+        help="filter and prioritize over bench/http_client.py (as Go's client) or aiohttp's",
+    )
+    parser.add_argument(
         "--before", default="", metavar="REF", help="also measure git revision REF, same run"
     )
     parser.add_argument("--serve", nargs="+", metavar="ARG", help=argparse.SUPPRESS)
@@ -474,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
         codes = [(args.before, before)] if before is not None else []
         codes.append(("this tree" if before is not None else "", None))
         for size in (int(s) for s in args.sizes.split(",")):
-            targets = [Target(size, tree=tree) for _, tree in codes]
+            targets = [Target(size, tree=tree, client=args.client) for _, tree in codes]
             results = asyncio.run(measure_side_by_side(targets, size, args.pods, args.warmup))
             for label in ("all", "sample"):
                 for (code, _), result in zip(codes, results, strict=True):
@@ -492,6 +506,15 @@ def main(argv: list[str] | None = None) -> int:
         else ""
     )
     before_flag = f" --before {args.before}" if args.before else ""
+    if args.client != "keep-alive":
+        before_flag += f" --client {args.client}"
+    client_text = (
+        "which sends filter and prioritize over one kept-alive HTTP/1.1 connection as"
+        " kube-scheduler's Go client does (bench/http_client.py; `--client aiohttp` measures"
+        " with aiohttp's client instead, which adds its own Python to each call)"
+        if args.client == "keep-alive"
+        else "aiohttp's client (its own Python is in every figure)"
+    )
     markdown = f"""### Scheduler extender latency and throughput
 
 `.venv/bin/python -m bench.allocator_extender --sizes {args.sizes} --pods {args.pods}{before_flag}`
@@ -503,9 +526,7 @@ KV), then {args.pods} pods (after
 `nodeCacheCapable` (NodeNames), default policy. Shapes follow the openb mix.
 "names" is how many node names each filter carries: all N (worst case) or the sample
 kube-scheduler sends at that size (numFeasibleNodesToFind). Times in ms (p50 / p99), measured at
-the client, which sends filter and prioritize over one kept-alive HTTP/1.1 connection as
-kube-scheduler's Go client does (bench/http_client.py; aiohttp's client, used before, added
-about 0.4 ms of its own Python to each call); bind includes the KV compare-and-set write; pods/s
+the client, {client_text}; bind includes the KV compare-and-set write; pods/s
 = 1 / mean(filter + prioritize + bind) one pod at a time ("sequential"), and pods / wall time
 when binds run in the background while the next pod is filtered, as kube-scheduler's binding
 cycle does ("pipelined"; a bind refused because an earlier in-flight bind took the room sends
