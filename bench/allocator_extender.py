@@ -505,9 +505,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.before
         else ""
     )
-    before_flag = f" --before {args.before}" if args.before else ""
+    flags = f" --before {args.before}" if args.before else ""
     if args.client != "keep-alive":
-        before_flag += f" --client {args.client}"
+        flags += f" --client {args.client}"
     client_text = (
         "which sends filter and prioritize over one kept-alive HTTP/1.1 connection as"
         " kube-scheduler's Go client does (bench/http_client.py; `--client aiohttp` measures"
@@ -517,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     markdown = f"""### Scheduler extender latency and throughput
 
-`.venv/bin/python -m bench.allocator_extender --sizes {args.sizes} --pods {args.pods}{before_flag}`
+`.venv/bin/python -m bench.allocator_extender --sizes {args.sizes} --pods {args.pods}{flags}`
 on the 2-core development VM (1-minute load average {load:.1f} at the start): a real allocator
 in its own process (embedded NATS + JetStream KV), N
 nodes x 8 GPUs (80 GiB) learnt over NATS, half of every node promised beforehand (written to

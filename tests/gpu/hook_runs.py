@@ -110,4 +110,5 @@ def busy_median(samples: list[tuple[float, float, float]]) -> tuple[float, float
     busy = [s for s in samples if s[0] > 0][2:]
     if not busy:
         return 0.0, 0.0, 0.0
-    return tuple(median(s[i] for s in busy) for i in range(3))  # type: ignore[return-value]
+    util, clock, power = zip(*busy, strict=True)
+    return median(util), median(clock), median(power)

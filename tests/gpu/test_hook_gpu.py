@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.gpu import hook_runs
-from tests.gpu.hook_runs import gpu_uuid, start_workload, workload
+from tests.gpu.hook_runs import figures, gpu_uuid, start_workload, workload
 from tests.hook.harness import HOOK, build_hook
 
 LIMIT_MIB = 4096
@@ -64,7 +64,7 @@ def test_nvidia_smi_shows_the_limit(hook: Path, tmp_path: Path) -> None:
 def test_30_and_70_percent_get_throughput_near_30_70(hook: Path, tmp_path: Path) -> None:
     dirs = [container(tmp_path, "a", cores=30), container(tmp_path, "b", cores=70)]
     procs = [start_workload(d, "torch-matmul", 20) for d in dirs]
-    rates = [float(p.communicate(timeout=300)[0].split("per_second=")[1]) for p in procs]
+    rates = [float(figures(p.communicate(timeout=300)[0])["per_second"]) for p in procs]
     share = rates[0] / sum(rates)
     print(f"\n30/70 on {UUID}: {rates[0]:.1f} and {rates[1]:.1f} matmuls/s, share {share:.3f}")
     assert abs(share - 0.30) <= 0.05
