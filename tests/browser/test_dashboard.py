@@ -68,7 +68,8 @@ async def test_a_submitted_pod_appears_as_a_named_slice_live(
     on_gpu = f'.gpu[data-uuid="{gpu}"]'
     memory_slice = page.locator(f'{on_gpu} .bar.memory .slice[data-pod="default/half-gpu"]')
     await memory_slice.wait_for()
-    assert await memory_slice.inner_text() == "half-gpu"
+    # namespace/pod · container: two namespaces' pods of one name stay apart.
+    assert await memory_slice.inner_text() == "default/half-gpu \u00b7 cuda"
     style = await memory_slice.get_attribute("style") or ""
     assert "width:50%" in style.replace(" ", "")  # 20480 of 40960 MiB
     compute = page.locator(f'{on_gpu} .bar.compute .slice[data-pod="default/half-gpu"]')
