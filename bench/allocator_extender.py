@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,8 @@ from services.common.embedded_nats import EmbeddedNats
 from services.common.schemas import GpuDevice, NodeInventory
 
 GPU_MIB = 81920
+# What each filter carries: every node's name, or the sample kube-scheduler sends (sampled).
+LABELS = ("all", "sample")
 TURN_PODS = 20  # pods one allocator takes before the other's turn (--before)
 # Request shapes in the proportions of the openb trace's GPU pods (share of one GPU -> count).
 SHAPES = [(1000, 39), (810, 11), (470, 8), (320, 3), (650, 3), (230, 2), (460, 1), (160, 1)]
@@ -331,7 +334,7 @@ async def measure(
 
 
 async def measure_side_by_side(
-    targets: list[Target], size: int, pods: int, warmup: int
+    targets: list[Target], size: int, pods: int, warmup: int, labels: Sequence[str] = LABELS
 ) -> list[dict[str, Any]]:
     """Every target takes the same pods with the same node names, one pod at a time, in
     turns of TURN_PODS pods (which target goes first alternates): whatever else loads the
@@ -342,13 +345,15 @@ async def measure_side_by_side(
     try:
         for target in targets:
             await target.start()
-        return await _drive(targets, size, pods, warmup)
+        return await _drive(targets, size, pods, warmup, labels)
     finally:
         for target in targets:
             await target.close()
 
 
-async def _drive(targets: list[Target], size: int, pods: int, warmup: int) -> list[dict[str, Any]]:
+async def _drive(
+    targets: list[Target], size: int, pods: int, warmup: int, labels: Sequence[str]
+) -> list[dict[str, Any]]:
     names = targets[0].names
     rng = random.Random(size)
     results: list[dict[str, Any]] = [{"nodes": size} for _ in targets]
@@ -372,7 +377,8 @@ async def _drive(targets: list[Target], size: int, pods: int, warmup: int) -> li
             await targets[i].bind(pod, best)
     for i, result in enumerate(results):
         result["cold_ms"] = max(cold[i])
-    for label, count in (("all", size), ("sample", sampled(size))):
+    counts = {"all": size, "sample": sampled(size)}
+    for label, count in ((label, counts[label]) for label in labels):
         timings = [{"filter": [], "prioritize": [], "bind": []} for _ in targets]
         both: list[list[float]] = [[] for _ in targets]  # filter + prioritize of each pod
         for number in range(warmup):
@@ -469,6 +475,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--before", default="", metavar="REF", help="also measure git revision REF, same run"
     )
+    parser.add_argument(
+        "--names",
+        choices=["both", *LABELS],
+        default="both",
+        help="the names each filter carries: all N, kube-scheduler's sample, or both",
+    )
     parser.add_argument("--serve", nargs="+", metavar="ARG", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
@@ -489,8 +501,11 @@ def main(argv: list[str] | None = None) -> int:
         codes.append(("this tree" if before is not None else "", None))
         for size in (int(s) for s in args.sizes.split(",")):
             targets = [Target(size, tree=tree, client=args.client) for _, tree in codes]
-            results = asyncio.run(measure_side_by_side(targets, size, args.pods, args.warmup))
-            for label in ("all", "sample"):
+            labels = LABELS if args.names == "both" else (args.names,)
+            results = asyncio.run(
+                measure_side_by_side(targets, size, args.pods, args.warmup, labels)
+            )
+            for label in labels:
                 for (code, _), result in zip(codes, results, strict=True):
                     row = table_row(code, size, result, label)
                     rows.append(row)
