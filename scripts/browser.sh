@@ -9,10 +9,10 @@ if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
-if ! timeout 600 apt-get install -y -q chromium >/tmp/vgpu-apt-chromium.log 2>&1; then
+if ! timeout 300 apt-get install -y -q chromium >/tmp/vgpu-apt-chromium.log 2>&1; then
     # The package lists of a fresh machine may be missing or stale.
-    timeout 300 apt-get update -q >>/tmp/vgpu-apt-chromium.log 2>&1 || true
-    timeout 600 apt-get install -y -q chromium >>/tmp/vgpu-apt-chromium.log 2>&1 || {
+    timeout 120 apt-get update -q >>/tmp/vgpu-apt-chromium.log 2>&1 || true
+    timeout 300 apt-get install -y -q chromium >>/tmp/vgpu-apt-chromium.log 2>&1 || {
         echo "scripts/browser.sh: apt-get could not install chromium (see" \
             "/tmp/vgpu-apt-chromium.log); tests/browser will skip" >&2
     }
