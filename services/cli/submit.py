@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -26,12 +27,18 @@ from services.common.quantity import QuantityError
 from services.common.resources import MANAGED_RESOURCES, RequestError, pod_container_values
 from services.common.tracing import inject_headers, tracer
 from services.simulators.kubelet_records import AdmitResult
-from services.simulators.scheduler import SchedulerSimulator
+from services.simulators.scheduler import ScheduleResult, SchedulerSimulator
 
 _tracer = tracer("vgpu.submit")
 CONTAINER_DIR = "/var/run/vgpu"
 EXTENDER_WEIGHT = 60  # the prioritize entry's weight in deploy/k8s/base/scheduler/config.yaml
 SCHEDULER_NAME = "vgpu-scheduler"  # the profile of deploy/k8s/base/scheduler/config.yaml
+# kube-scheduler sends a pod whose cycle failed with an error (the extender down, the store
+# unreachable: not a pod that fits nowhere) round again after a backoff, 1 s doubling to 10 s
+# (podInitialBackoffSeconds, podMaxBackoffSeconds); `vgpu submit` does too, for this long.
+BACKOFF_INITIAL_S = 1.0
+BACKOFF_MAX_S = 10.0
+RETRY_ERRORS_FOR_S = 30.0
 
 
 class ManifestError(ValueError):
@@ -225,8 +232,32 @@ async def _container_outcome(admitted: Any, limits_timeout_s: float) -> Containe
     )
 
 
+async def _schedule_with_backoff(
+    scheduler: SchedulerSimulator, pod: dict[str, Any], state: UpState, retry_for_s: float
+) -> ScheduleResult:
+    """The scheduling cycle, run again after kube-scheduler's backoff while it fails with an
+    error, for up to `retry_for_s` (a pod that fits nowhere is not retried: it waits, as in a
+    cluster). A pod the API server holds as bound meanwhile counts as placed there."""
+    metadata = pod["metadata"]
+    deadline = time.monotonic() + retry_for_s
+    delay = BACKOFF_INITIAL_S
+    while True:
+        result = await scheduler.schedule(pod, sorted(state.kubelets))
+        if result.node is not None or not result.error or time.monotonic() + delay > deadline:
+            return result
+        await asyncio.sleep(delay)
+        delay = min(2 * delay, BACKOFF_MAX_S)
+        pod = await _read(state.api_url, metadata["namespace"], metadata["name"])
+        bound = (pod.get("spec") or {}).get("nodeName")
+        if bound:
+            return ScheduleResult(node=bound)
+
+
 async def submit(
-    pod: dict[str, Any], state: UpState, limits_timeout_s: float = 10.0
+    pod: dict[str, Any],
+    state: UpState,
+    limits_timeout_s: float = 10.0,
+    retry_for_s: float = RETRY_ERRORS_FOR_S,
 ) -> SubmitOutcome:
     metadata = pod["metadata"]
     outcome = SubmitOutcome(
@@ -251,7 +282,7 @@ async def submit(
             ssl_context=state.extender_ssl(),
         )
         try:
-            result = await scheduler.schedule(pod, sorted(state.kubelets))
+            result = await _schedule_with_backoff(scheduler, pod, state, retry_for_s)
         finally:
             await scheduler.close()
         if result.node is None:
