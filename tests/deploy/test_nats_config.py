@@ -16,7 +16,7 @@ import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 import nats
 import nats.errors
+import nats.js.errors
 import pytest
 from nats.js.api import KeyValueConfig
 
@@ -344,6 +345,22 @@ async def _create_when_cluster_ready(js: Any, config: KeyValueConfig, within_s: 
             await asyncio.sleep(0.5)
 
 
+async def _first_write_when_stream_answers(
+    write: Callable[[], Awaitable[object]], within_s: float = 30.0
+) -> None:
+    """A new bucket's stream may not take messages yet (its group still electing a leader:
+    "no responders"); a message no stream took was not stored, so writing again is safe."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            await write()
+            return
+        except nats.js.errors.NoStreamResponseError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
 async def test_jetstream_state_is_the_allocators_and_metrics_may_only_read(
     cluster: Cluster,
 ) -> None:
@@ -357,10 +374,10 @@ async def test_jetstream_state_is_the_allocators_and_metrics_may_only_read(
             js, KeyValueConfig(bucket=STATE_BUCKET, replicas=SERVERS)
         )
         await state.put("node.gpu-1", b"decision")
-        lease = await js.create_key_value(
-            KeyValueConfig(bucket="vgpu-allocator-lease", history=1, ttl=6)
+        lease = await _create_when_cluster_ready(
+            js, KeyValueConfig(bucket="vgpu-allocator-lease", history=1, ttl=6)
         )
-        await lease.create("leader", b"allocator-0")
+        await _first_write_when_stream_answers(lambda: lease.create("leader", b"allocator-0"))
 
         # Metrics reads the decisions (get and the watch its rebuild uses) ...
         mark = cluster.mark()
