@@ -499,9 +499,9 @@ def main(argv: list[str] | None = None) -> int:
         before = extract_tree(args.before, Path(directory)) if args.before else None
         codes = [(args.before, before)] if before is not None else []
         codes.append(("this tree" if before is not None else "", None))
+        labels = LABELS if args.names == "both" else (args.names,)
         for size in (int(s) for s in args.sizes.split(",")):
             targets = [Target(size, tree=tree, client=args.client) for _, tree in codes]
-            labels = LABELS if args.names == "both" else (args.names,)
             results = asyncio.run(
                 measure_side_by_side(targets, size, args.pods, args.warmup, labels)
             )

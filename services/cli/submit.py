@@ -23,6 +23,7 @@ import yaml
 
 from services.cli.object_names import name_problem, namespace_problem
 from services.cli.state import UpState
+from services.cli.supervisor import Backoff
 from services.common.quantity import QuantityError
 from services.common.resources import MANAGED_RESOURCES, RequestError, pod_container_values
 from services.common.tracing import inject_headers, tracer
@@ -36,8 +37,7 @@ SCHEDULER_NAME = "vgpu-scheduler"  # the profile of deploy/k8s/base/scheduler/co
 # kube-scheduler sends a pod whose cycle failed with an error (the extender down, the store
 # unreachable: not a pod that fits nowhere) round again after a backoff, 1 s doubling to 10 s
 # (podInitialBackoffSeconds, podMaxBackoffSeconds); `vgpu submit` does too, for this long.
-BACKOFF_INITIAL_S = 1.0
-BACKOFF_MAX_S = 10.0
+SCHEDULING_BACKOFF = Backoff(initial_s=1.0, max_s=10.0)
 RETRY_ERRORS_FOR_S = 30.0
 
 
@@ -240,13 +240,13 @@ async def _schedule_with_backoff(
     cluster). A pod the API server holds as bound meanwhile counts as placed there."""
     metadata = pod["metadata"]
     deadline = time.monotonic() + retry_for_s
-    delay = BACKOFF_INITIAL_S
+    delay: float | None = None
     while True:
         result = await scheduler.schedule(pod, sorted(state.kubelets))
+        delay = SCHEDULING_BACKOFF.after(delay, up_for_s=0.0)
         if result.node is not None or not result.error or time.monotonic() + delay > deadline:
             return result
         await asyncio.sleep(delay)
-        delay = min(2 * delay, BACKOFF_MAX_S)
         pod = await _read(state.api_url, metadata["namespace"], metadata["name"])
         bound = (pod.get("spec") or {}).get("nodeName")
         if bound:

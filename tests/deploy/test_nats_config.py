@@ -331,18 +331,27 @@ async def test_services_cannot_speak_for_each_other(cluster: Cluster) -> None:
         assert events.subjects == [] and inventory.subjects == []
 
 
+async def _retried(
+    call: Callable[[], Awaitable[Any]], errors: tuple[type[Exception], ...], within_s: float
+) -> Any:
+    """`call` again every 0.5 s while it raises one of `errors`, for up to `within_s`."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            return await call()
+        except errors:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
 async def _create_when_cluster_ready(js: Any, config: KeyValueConfig, within_s: float = 60) -> Any:
     """A new three-server JetStream cluster answers a replicated create only once it has
     elected its meta leader and the bucket's own group; under load that takes longer than one
     request's timeout. Creating again with the same config is idempotent."""
-    deadline = time.monotonic() + within_s
-    while True:
-        try:
-            return await js.create_key_value(config)
-        except (TimeoutError, nats.errors.Error):
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.5)
+    return await _retried(
+        lambda: js.create_key_value(config), (TimeoutError, nats.errors.Error), within_s
+    )
 
 
 async def _first_write_when_stream_answers(
@@ -350,15 +359,7 @@ async def _first_write_when_stream_answers(
 ) -> None:
     """A new bucket's stream may not take messages yet (its group still electing a leader:
     "no responders"); a message no stream took was not stored, so writing again is safe."""
-    deadline = time.monotonic() + within_s
-    while True:
-        try:
-            await write()
-            return
-        except nats.js.errors.NoStreamResponseError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.5)
+    await _retried(write, (nats.js.errors.NoStreamResponseError,), within_s)
 
 
 async def test_jetstream_state_is_the_allocators_and_metrics_may_only_read(
