@@ -116,6 +116,16 @@ def _healthy(port: int) -> bool:
         return False
 
 
+def _fully_routed(port: int) -> bool:
+    """Whether the server has a route to every other one: interest (a plain subscription)
+    reaches a server only over its route, and JetStream's quorum needs only a majority."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/routez", timeout=1) as response:
+            return int(msgspec.json.decode(response.read()).get("num_routes", 0)) >= SERVERS - 1
+    except OSError:
+        return False
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     directory = tmp_path_factory.mktemp("nats")
@@ -142,11 +152,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             with running.logs[index].open("wb") as log:
                 running.processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=log))
         deadline = time.monotonic() + 30
-        while not all(_healthy(port) for port in running.monitor_ports):
+        while not all(_healthy(p) and _fully_routed(p) for p in running.monitor_ports):
             exited = [p for p in running.processes if p.poll() is not None]
             assert not exited, f"nats-server exited:\n{running.log_text()[-2000:]}"
             assert time.monotonic() < deadline, (
-                f"no JetStream quorum:\n{running.log_text()[-2000:]}"
+                f"no JetStream quorum or full mesh of routes:\n{running.log_text()[-2000:]}"
             )
             time.sleep(0.1)
         yield running
